@@ -1,0 +1,140 @@
+"""Speculative sampling: the acceptance rule, and the logits warpers it shares with plain sampling.
+
+Notation, declared once for the whole package (Leviathan et al. 2022, arXiv 2211.17192, Alg. 1;
+Chen et al. 2023, arXiv 2302.01318, Alg. 2):
+
+    p      the target model's next-token distribution: the distribution that is preserved
+    q      the draft model's next-token distribution
+    gamma  the number of draft tokens proposed per iteration (Chen et al. call it K)
+    x_i    the i-th draft token, drawn from q_i
+
+A draft token x_i is accepted with probability min(1, p_i(x_i) / q_i(x_i)). At the first rejected position the
+replacement is drawn from the residual norm(max(0, p_i - q_i)) (Leviathan Sec. 2.3, Chen Eq. 1). If all gamma
+drafts are accepted, a bonus token is drawn from p_{gamma+1}. The bonus case is the residual against an all-zero
+draft row, so one code path serves both.
+
+Every random choice here is made by inverse-CDF from a uniform that the caller passes in, which keeps
+`speculative_accept` a pure function of tensors: the same inputs give the same outputs on every device, and the
+tests can enumerate its behaviour exactly. Outside this module, write `target_probs` / `draft_probs`.
+
+Warping (temperature, top-k, top-p) follows transformers' `TemperatureLogitsWarper`, `TopKLogitsWarper` and
+`TopPLogitsWarper`, in that order, and is applied to p and q alike: the distribution speculative sampling
+preserves is the *warped* target distribution, the one plain sampling with the same settings draws from.
+Temperature 0 means greedy: p and q become one-hot at their argmax, and the same acceptance rule then accepts
+x_i exactly when it equals the target's argmax.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How next-token distributions are formed from logits. `temperature=0` means greedy (argmax)."""
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 means greedy), got {t!r}")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or isinstance(self.top_k, bool)
+                                       or self.top_k < 1):
+            raise ValueError(f"top_k must be None or an integer >= 1, got {self.top_k!r}")
+        if self.top_p is not None and not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be None or in (0, 1], got {self.top_p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def check_logits(logits: torch.Tensor, who: str) -> None:
+    """Raise if a model produced NaN or +inf logits, or a row with no finite logit at all."""
+    bad = torch.isnan(logits).any() | torch.isposinf(logits).any() | torch.isneginf(logits).all(-1).any()
+    if bool(bad):
+        raise FloatingPointError(
+            f"the {who} model returned NaN or infinite logits. This is usually an overflow in float16 or a "
+            f"corrupted checkpoint: load the {who} in float32 or bfloat16 (dtype=...) and check its weights.")
+
+
+def warp_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """Temperature, then top-k, then top-p, with transformers' semantics. Removed tokens get -inf.
+
+    Not for greedy configs (temperature 0): use `probs_from_logits`, which turns those into one-hots.
+    """
+    scores = logits / cfg.temperature if cfg.temperature != 1 else logits
+    if cfg.top_k is not None and cfg.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, cfg.top_k, dim=-1).values[..., -1:]  # ties with the k-th score are kept
+        scores = scores.masked_fill(scores < kth, -math.inf)
+    if cfg.top_p is not None and cfg.top_p < 1:
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=False)
+        cum = sorted_scores.softmax(-1).cumsum(-1)
+        drop_sorted = cum <= (1 - cfg.top_p)
+        drop_sorted[..., -1] = False  # always keep the most likely token
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        scores = scores.masked_fill(drop, -math.inf)
+    return scores
+
+
+def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """Next-token probabilities (..., V) in at least float32. Greedy configs give one-hots at the argmax."""
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()  # the ratio p/q needs more precision than the half-precision logits carry
+    if cfg.greedy:
+        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    return warp_logits(logits, cfg).softmax(-1)
+
+
+def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw: probs (..., V) need not be normalised, u (...) uniforms in [0, 1). Returns (...) long.
+
+    A token with zero mass is never returned, also when rounding pushes u * total onto the total.
+    """
+    cdf = probs.double().cumsum(-1)  # (..., V)
+    target = (u.double() * cdf[..., -1]).unsqueeze(-1)  # (..., 1)
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)  # first index with cdf > target
+    last_with_mass = probs.shape[-1] - 1 - (probs.flip(-1) > 0).long().argmax(-1)
+    return torch.minimum(idx, last_with_mass)
+
+
+def speculative_accept(
+    p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, u_accept: torch.Tensor, u_residual: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The acceptance rule of speculative sampling (Leviathan Alg. 1 steps 5-7, Chen Alg. 2), batched.
+
+    Args:
+        p: (B, gamma+1, V) target probabilities at the pending position and after each draft token.
+        q: (B, gamma, V) draft probabilities that x was drawn from.
+        x: (B, gamma) draft tokens.
+        u_accept: (B, gamma) uniforms in [0, 1), one per draft token.
+        u_residual: (B,) uniforms in [0, 1) for the replacement or bonus token.
+
+    Returns:
+        n: (B,) long, the number of leading draft tokens accepted (0..gamma).
+        token: (B,) long, the next token: drawn from norm(max(0, p_n - q_n)) if n < gamma, else from p_gamma.
+        The new text of row b is x[b, :n[b]] followed by token[b].
+    """
+    B, gamma = x.shape
+    p = p.double()
+    q = q.double()
+    px = p[:, :gamma].gather(-1, x.unsqueeze(-1)).squeeze(-1)  # (B, gamma)
+    qx = q.gather(-1, x.unsqueeze(-1)).squeeze(-1)  # (B, gamma)
+    # u < min(1, p/q)  <=>  u * q < p, which needs no division and rejects p(x) = 0 even when q(x) = 0
+    accepted = u_accept.double() * qx < px  # (B, gamma)
+    n = accepted.long().cumprod(-1).sum(-1)  # (B,) length of the leading run of acceptances
+    q_padded = torch.cat([q, q.new_zeros(B, 1, q.shape[-1])], dim=1)  # (B, gamma+1, V): bonus row is zero
+    rows = torch.arange(B, device=p.device)
+    p_n, q_n = p[rows, n], q_padded[rows, n]  # (B, V)
+    residual = (p_n - q_n).clamp_min(0)  # (B, V)
+    # Zero-mass guard: a rejection with p_n <= q_n everywhere happens only through rounding (p == q up to
+    # numerics); the residual is then undefined and p_n is the distribution the target asks for.
+    empty = residual.sum(-1, keepdim=True) <= 0
+    residual = torch.where(empty, p_n, residual)
+    return n, sample_from(residual, u_residual)

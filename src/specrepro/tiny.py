@@ -1,0 +1,43 @@
+"""Tiny random-initialised model pairs for correctness checks and smoke runs (no download, built from configs).
+
+The target is a Llama, the draft a GPT-2: two different architectures sharing a vocabulary, which is all that
+speculative sampling asks of a pair. Weights are drawn with a large init scale so that p and q are far from
+uniform and far from each other (acceptance well below 1), which is what makes the distribution tests sharp.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+
+def tiny_target(vocab_size: int = 8, *, seed: int = 0, dtype: torch.dtype = torch.float64,
+                hidden_size: int = 16, layers: int = 2, init_scale: float = 0.5) -> LlamaForCausalLM:
+    """A 2-layer Llama with grouped-query attention (2 heads, 1 KV head)."""
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                      num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1,
+                      max_position_embeddings=256, initializer_range=init_scale, tie_word_embeddings=False,
+                      bos_token_id=0, eos_token_id=vocab_size - 1, pad_token_id=None)
+    return _build(LlamaForCausalLM, cfg, seed, dtype)
+
+
+def tiny_draft(vocab_size: int = 8, *, seed: int = 1, dtype: torch.dtype = torch.float64,
+               hidden_size: int = 8, layers: int = 1, init_scale: float = 0.5) -> GPT2LMHeadModel:
+    """A 1-layer GPT-2."""
+    cfg = GPT2Config(vocab_size=vocab_size, n_embd=hidden_size, n_layer=layers, n_head=2, n_positions=256,
+                     initializer_range=init_scale, bos_token_id=0, eos_token_id=vocab_size - 1)
+    return _build(GPT2LMHeadModel, cfg, seed, dtype)
+
+
+def tiny_pair(vocab_size: int = 8, *, seed: int = 0, dtype: torch.dtype = torch.float64):
+    """(target, draft) with a shared vocabulary; `seed` fixes both."""
+    return (tiny_target(vocab_size, seed=seed, dtype=dtype),
+            tiny_draft(vocab_size, seed=seed + 1, dtype=dtype))
+
+
+def _build(cls, cfg, seed: int, dtype: torch.dtype):
+    # fork_rng: building a model draws from the global RNG; the library never leaves it changed
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = cls(cfg)
+    return model.to(dtype).eval()
