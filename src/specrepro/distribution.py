@@ -97,3 +97,24 @@ def chisquare_gof(counts: np.ndarray, probs: np.ndarray | torch.Tensor, min_expe
 def all_sequences(vocab_size: int, n_tokens: int) -> list[tuple[int, ...]]:
     """Every n-token tuple, in the row-major order of `exact_joint_distribution(...).ravel()`."""
     return list(itertools.product(range(vocab_size), repeat=n_tokens))
+
+
+def sample_sequences(target, draft, input_ids: torch.Tensor, *, method: str, n_tokens: int, n_samples: int,
+                     cfg: SamplingConfig, generator: torch.Generator, gamma: int = 1) -> tuple[np.ndarray, list]:
+    """Draw `n_samples` continuations of `n_tokens` tokens with one generator.
+
+    method: "autoregressive" (draft unused) or "speculative". Returns the (n_samples, n_tokens) array of new tokens
+    and the list of each run's `GenerationStats`.
+    """
+    from .generate import autoregressive_generate, speculative_generate
+
+    kw = dict(max_new_tokens=n_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+              generator=generator)
+    if method == "autoregressive":
+        runs = [autoregressive_generate(target, input_ids, **kw) for _ in range(n_samples)]
+    elif method == "speculative":
+        runs = [speculative_generate(target, draft, input_ids, gamma=gamma, **kw) for _ in range(n_samples)]
+    else:
+        raise ValueError(f"method must be 'autoregressive' or 'speculative', got {method!r}")
+    L = input_ids.shape[1]
+    return np.stack([r.sequences[0, L:].numpy() for r in runs]), [r.stats for r in runs]

