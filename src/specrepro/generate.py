@@ -138,7 +138,8 @@ class _Decoder:
 
     def __init__(self, model, who: str, log: list[tuple[int, int]]):
         self.model, self.who, self.log = model, who, log
-        self.cache = DynamicCache(config=model.config)
+        # a model that is not a transformer (the prompt-lookup draft) brings its own cache-like object
+        self.cache = model.make_cache() if hasattr(model, "make_cache") else DynamicCache(config=model.config)
         self.kwarg = _cache_kwarg(model)
         self.device = next(model.parameters()).device
 

@@ -98,12 +98,30 @@ def convert_target(folder: Path) -> Path:
     return folder
 
 
+def tokenizer_dir() -> Path:
+    """Folder holding SmolLM2's tokenizer: the converted target's if present, else the tokenizer alone (~10 s
+    from the GGUF, for runs that need no target weights, such as smoke runs)."""
+    if (CACHE_DIR / TARGET / "source.json").exists():
+        return CACHE_DIR / TARGET
+    folder = CACHE_DIR / f"{TARGET}-tokenizer"
+    if not (folder / "tokenizer_config.json").exists():
+        from transformers import AutoTokenizer
+
+        src = gguf_path()
+        tmp = folder.with_name(folder.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name).save_pretrained(tmp)
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(tmp, folder)
+    return folder
+
+
 def load_tokenizer(name: str = TARGET):
     """The tokenizer of a built-in model name (all share SmolLM2's) or of a Hugging Face id / local folder."""
     from transformers import AutoTokenizer
 
     if name == TARGET or (MODELS_DIR / name).is_dir():
-        return AutoTokenizer.from_pretrained(target_dir())
+        return AutoTokenizer.from_pretrained(tokenizer_dir())
     return AutoTokenizer.from_pretrained(name)
 
 

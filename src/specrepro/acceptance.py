@@ -1,0 +1,83 @@
+"""The acceptance rate alpha of a draft, measured without running speculative decoding.
+
+Leviathan et al. 2022, Def. 3.1 and Thm 3.5: the probability that speculative sampling accepts a draft token at a
+given prefix is beta = sum_x min(p(x), q(x)), and alpha = E[beta] over the prefixes met while decoding. With greedy
+decoding (one-hot p and q) beta is 1 exactly when the draft's argmax equals the target's. So alpha can be measured
+on the target's own continuations of held-out prompts with one forward of each model, for every draft alike,
+instead of one speculative run per draft and setting.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+
+import torch
+
+from .data import format_prompt, load_prompts
+from .generate import autoregressive_generate
+from .models import CACHE_DIR
+from .sampling import SamplingConfig, probs_from_logits
+
+
+def eval_prompts(task: str, n_prompts: int, seed: int = 0) -> list[dict]:
+    """A seeded sample of the task's held-out prompts."""
+    ds = load_prompts(task)
+    idx = sorted(random.Random(seed).sample(range(len(ds)), min(n_prompts, len(ds))))
+    return [ds[i] for i in idx]
+
+
+def target_continuations(target, tokenizer, task: str, *, n_prompts: int, n_tokens: int, temperature: float,
+                         seed: int = 0, target_id: str = "", cache: bool = True) -> list[dict]:
+    """The target's own continuations of held-out prompts (our autoregressive sampler), cached on disk.
+
+    Returns [{"task_id", "prompt_ids": (1, L) long, "new_ids": (1, n) long}]. Stops at EOS.
+    """
+    key = hashlib.sha256(json.dumps([task, n_prompts, n_tokens, temperature, seed, target_id]).encode()
+                         ).hexdigest()[:16]
+    path = CACHE_DIR / "continuations" / f"{task}-{key}.pt"
+    if cache and target_id and path.exists():
+        return torch.load(path)
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for ex in eval_prompts(task, n_prompts, seed):
+        ids = tokenizer(format_prompt(tokenizer, task, ex), return_tensors="pt").input_ids
+        r = autoregressive_generate(target, ids, max_new_tokens=n_tokens, temperature=temperature,
+                                    eos_token_id=tokenizer.eos_token_id, generator=g)
+        out.append(dict(task_id=ex["task_id"], prompt_ids=ids, new_ids=r.sequences[:, ids.shape[1]:]))
+    if cache and target_id:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(out, path.with_suffix(".tmp"))
+        os.replace(path.with_suffix(".tmp"), path)
+    return out
+
+
+@torch.no_grad()
+def position_logits(model, prompt_ids: torch.Tensor, new_ids: torch.Tensor) -> torch.Tensor:
+    """Logits predicting each of new_ids[0, i] from prompt + new_ids[:, :i], one full forward: (n, V)."""
+    n = new_ids.shape[1]
+    full = torch.cat([prompt_ids, new_ids], dim=1).to(next(model.parameters()).device)
+    return model(input_ids=full, logits_to_keep=n + 1).logits[0, -(n + 1):-1].float().cpu()
+
+
+def betas(target_logits: torch.Tensor, draft_logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """beta = sum_x min(p(x), q(x)) per position (Leviathan Def. 3.1); p, q warped by cfg. (n,)"""
+    p = probs_from_logits(target_logits, cfg)
+    q = probs_from_logits(draft_logits, cfg)
+    return torch.minimum(p, q).sum(-1)
+
+
+def expected_acceptance(target, draft, samples: list[dict], cfg: SamplingConfig,
+                        target_logits: list[torch.Tensor] | None = None) -> float:
+    """alpha = mean beta over every position of every continuation. Pass precomputed `target_logits`
+    (one per sample, from `position_logits`) to score many drafts against one target pass."""
+    total, count = 0.0, 0
+    for i, s in enumerate(samples):
+        if s["new_ids"].shape[1] == 0:
+            continue
+        tl = target_logits[i] if target_logits is not None else position_logits(target, s["prompt_ids"], s["new_ids"])
+        b = betas(tl, position_logits(draft, s["prompt_ids"], s["new_ids"]), cfg)
+        total, count = total + float(b.sum()), count + b.numel()
+    return total / count if count else float("nan")

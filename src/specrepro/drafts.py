@@ -1,0 +1,267 @@
+"""The draft family: small distilled transformers, an expensive early-exit draft, and a zero-cost prompt lookup.
+
+Small drafts are `PhiForCausalLM`s (a standard transformers architecture whose LM head has a bias, see below)
+trained on a cut vocabulary: the `keep` most frequent token ids of the training data plus one catch-all class
+standing for every other id. They are stored compactly (bf16 safetensors of the cut model + the kept ids) and
+expanded at load time to SmolLM2's full 49,152-id vocabulary, so transformers' assisted generation accepts them.
+Expansion gives every unseen id the catch-all's (tied) embedding and LM-head row, and a bias lowered by
+log(#unseen): together the unseen ids carry exactly the catch-all's probability, spread evenly, and none can
+outscore the tokens the draft was trained on (a zero row would give logit 0, which beats negative logits).
+
+The expensive draft is the target's own first `layers` layers, final norm and LM head (Leviathan et al. 2022,
+Sec. 3.3 consider drafts of many costs; c >= 0.2 here), with the last kept layer's output projections and the
+final norm fine-tuned to predict the target's distribution. Only the fine-tuned tensors are stored; the rest is
+copied from the target at load time.
+
+The prompt-lookup draft (Saxena 2023, "prompt lookup decoding"; an n-gram draft) proposes the token that followed
+the most recent earlier occurrence of the last n tokens, as a one-hot q. It costs no matrix work.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+TARGET_VOCAB = 49_152
+
+
+# ---- small distilled drafts ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    name: str
+    d_model: int
+    layers: int
+    heads: int
+    keep: int = 8191  # kept token ids; the cut vocabulary has keep + 1 entries (the last is the catch-all)
+    context: int = 256
+
+    def config(self, vocab_size: int):
+        from transformers import PhiConfig
+
+        return PhiConfig(vocab_size=vocab_size, hidden_size=self.d_model, intermediate_size=4 * self.d_model,
+                         num_hidden_layers=self.layers, num_attention_heads=self.heads,
+                         num_key_value_heads=self.heads, max_position_embeddings=2048, partial_rotary_factor=0.5,
+                         resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0, tie_word_embeddings=True,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=None)
+
+
+def non_embedding_params(model) -> int:
+    emb = model.get_input_embeddings().weight.numel()
+    head = model.get_output_embeddings()
+    tied = head.weight is model.get_input_embeddings().weight
+    return model.num_parameters() - emb - (0 if tied else head.weight.numel())
+
+
+def cut_vocabulary(tokens: torch.Tensor, topk_ids: torch.Tensor, keep: int) -> torch.Tensor:
+    """The `keep` ids most frequent among the corpus tokens and the target's top-1 predictions, most frequent
+    first (ties by id). Returns a long tensor of full-vocabulary ids."""
+    counts = torch.bincount(tokens.flatten(), minlength=TARGET_VOCAB)
+    counts += torch.bincount(topk_ids[..., 0].flatten().long(), minlength=TARGET_VOCAB)
+    order = torch.argsort(-counts * TARGET_VOCAB + torch.arange(TARGET_VOCAB))  # count desc, then id asc
+    return order[:keep].clone()
+
+
+def full_to_cut(kept: torch.Tensor) -> torch.Tensor:
+    """Lookup table (TARGET_VOCAB,) from full ids to cut ids; unseen ids map to the catch-all (= len(kept))."""
+    table = torch.full((TARGET_VOCAB,), len(kept), dtype=torch.long)
+    table[kept] = torch.arange(len(kept))
+    return table
+
+
+def expand(cut_model, kept: torch.Tensor):
+    """A full-vocabulary PhiForCausalLM that computes exactly the cut model's distribution on kept ids, with the
+    catch-all's mass split evenly over the unseen ids."""
+    from transformers import PhiForCausalLM
+
+    config = cut_model.config.__class__.from_dict(cut_model.config.to_dict() | {"vocab_size": TARGET_VOCAB})
+    with torch.random.fork_rng(devices=[]):
+        full = PhiForCausalLM(config)
+    cut_state = cut_model.state_dict()
+    catch_all = len(kept)
+    n_unseen = TARGET_VOCAB - len(kept)
+    emb = cut_state["model.embed_tokens.weight"]
+    bias = cut_state["lm_head.bias"]
+    full_emb = emb[catch_all].repeat(TARGET_VOCAB, 1)
+    full_emb[kept] = emb[:catch_all]
+    full_bias = torch.full((TARGET_VOCAB,), float(bias[catch_all]) - math.log(n_unseen), dtype=bias.dtype)
+    full_bias[kept] = bias[:catch_all]
+    state = {k: v for k, v in cut_state.items() if k not in ("model.embed_tokens.weight", "lm_head.weight",
+                                                               "lm_head.bias")}
+    state |= {"model.embed_tokens.weight": full_emb, "lm_head.weight": full_emb, "lm_head.bias": full_bias}
+    full.load_state_dict(state, strict=True)
+    full.tie_weights()
+    return full.eval()
+
+
+def save_small(folder: Path, cut_model, kept: torch.Tensor, manifest: dict) -> None:
+    """Store the cut model in bf16 with its kept ids and manifest; written to a temporary folder, then renamed."""
+    from safetensors.torch import save_file
+
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in cut_model.state_dict().items()
+             if k != "lm_head.weight"}  # tied to the embedding
+    save_file(state | {"kept_ids": kept.int()}, tmp / "weights.safetensors")
+    write = manifest | {"kind": "small", "config": cut_model.config.to_dict()}
+    (tmp / "manifest.json").write_text(json.dumps(write, indent=2, sort_keys=True, default=str) + "\n")
+    _replace_dir(tmp, folder)
+
+
+def _replace_dir(tmp: Path, folder: Path) -> None:
+    old = folder.with_name(folder.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if folder.exists():
+        folder.rename(old)
+    os.replace(tmp, folder)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def load_shipped(folder: Path, dtype: torch.dtype = torch.float32, target=None):
+    """Any shipped draft folder (small, early-exit or prompt-lookup) as a full-vocabulary model. An early-exit
+    draft copies its frozen layers from `target` (default: the built-in target)."""
+    manifest = json.loads((Path(folder) / "manifest.json").read_text())
+    kind = manifest["kind"]
+    if kind == "prompt_lookup":
+        return PromptLookupDraft(**manifest["config"])
+    from safetensors.torch import load_file
+
+    state = load_file(Path(folder) / "weights.safetensors")
+    if kind == "small":
+        from transformers import PhiConfig, PhiForCausalLM
+
+        kept = state.pop("kept_ids").long()
+        with torch.random.fork_rng(devices=[]):
+            cut = PhiForCausalLM(PhiConfig.from_dict(manifest["config"]))
+        cut.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+        cut.tie_weights()
+        return expand(cut, kept).to(dtype)
+    if kind == "early_exit":
+        from .models import load_target
+
+        model = early_exit(target if target is not None else load_target(dtype=torch.float32), manifest["layers"])
+        model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+        return model.to(dtype).eval()
+    raise ValueError(f"{folder}/manifest.json has unknown kind {kind!r}")
+
+
+# ---- the expensive draft: the target's first layers -------------------------------------------------------------
+
+
+def early_exit(target, layers: int):
+    """A LlamaForCausalLM made of the target's embedding, first `layers` layers, final norm and (tied) LM head."""
+    from transformers import LlamaForCausalLM
+
+    config = target.config.__class__.from_dict(target.config.to_dict() | {"num_hidden_layers": layers})
+    if hasattr(config, "layer_types") and config.layer_types is not None:
+        config.layer_types = config.layer_types[:layers]
+    with torch.random.fork_rng(devices=[]):
+        model = LlamaForCausalLM(config)
+    state = {k: v for k, v in target.state_dict().items()
+             if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers}
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
+def early_exit_trainable(layers: int) -> list[str]:
+    """The tensors fine-tuned (and stored): the last kept layer's output projections and the final norm."""
+    last = f"model.layers.{layers - 1}"
+    return [f"{last}.self_attn.o_proj.weight", f"{last}.mlp.down_proj.weight", "model.norm.weight"]
+
+
+def save_early_exit(folder: Path, model, layers: int, manifest: dict) -> None:
+    from safetensors.torch import save_file
+
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    state = model.state_dict()
+    save_file({k: state[k].detach().to(torch.bfloat16).contiguous() for k in early_exit_trainable(layers)},
+              tmp / "weights.safetensors")
+    (tmp / "manifest.json").write_text(json.dumps(manifest | {"kind": "early_exit", "layers": layers}, indent=2,
+                                                  sort_keys=True, default=str) + "\n")
+    _replace_dir(tmp, folder)
+
+
+# ---- the zero-cost draft: prompt lookup ------------------------------------------------------------------------
+
+
+class _TokenCache:
+    """Duck-types the part of a transformers Cache the decoding loop uses: a length and crop()."""
+
+    def __init__(self):
+        self.tokens: list[int] = []
+
+    def get_seq_length(self) -> int:
+        return len(self.tokens)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        del self.tokens[len(self.tokens) + tokens_to_remove:]
+
+
+@dataclass(frozen=True)
+class _LookupConfig:
+    vocab_size: int = TARGET_VOCAB
+    max_ngram: int = 3
+
+
+class PromptLookupDraft(nn.Module):
+    """An n-gram draft over the sequence itself: q is one-hot on the token that followed the latest earlier match
+    of the last n tokens (n = max_ngram .. 1); with no match, on the sequence's last token. No parameters to
+    speak of (one scalar, so that `.parameters()` names a device); its cost is a few list scans."""
+
+    def __init__(self, vocab_size: int = TARGET_VOCAB, max_ngram: int = 3):
+        super().__init__()
+        self.config = _LookupConfig(vocab_size, max_ngram)
+        self._device_anchor = nn.Parameter(torch.zeros(()), requires_grad=False)
+
+    def make_cache(self) -> _TokenCache:
+        return _TokenCache()
+
+    def get_output_embeddings(self):
+        return None
+
+    def predict(self, tokens: list[int]) -> int:
+        for n in range(min(self.config.max_ngram, len(tokens) - 1), 0, -1):
+            tail = tokens[-n:]
+            for start in range(len(tokens) - n - 1, -1, -1):
+                if tokens[start:start + n] == tail:
+                    return tokens[start + n]
+        return tokens[-1]
+
+    def forward(self, input_ids: torch.Tensor, cache: _TokenCache | None = None, logits_to_keep: int = 1, **_):
+        if input_ids.shape[0] != 1:
+            raise NotImplementedError("prompt lookup decodes one sequence at a time")
+        cache = cache if cache is not None else self.make_cache()
+        logits = torch.full((1, logits_to_keep, self.config.vocab_size), -math.inf)
+        new = input_ids[0].tolist()
+        base = len(cache.tokens)
+        cache.tokens += new
+        for j in range(logits_to_keep):
+            upto = base + len(new) - logits_to_keep + j + 1  # positions scored: the last logits_to_keep
+            logits[0, j, self.predict(cache.tokens[:upto])] = 0.0
+        return _Out(logits.to(self._device_anchor.device))
+
+
+@dataclass
+class _Out:
+    logits: torch.Tensor
+
+
+def save_prompt_lookup(folder: Path, max_ngram: int, manifest: dict) -> None:
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    cfg = asdict(_LookupConfig(TARGET_VOCAB, max_ngram))
+    (tmp / "manifest.json").write_text(json.dumps(manifest | {"kind": "prompt_lookup", "config": cfg}, indent=2,
+                                                  sort_keys=True) + "\n")
+    _replace_dir(tmp, folder)

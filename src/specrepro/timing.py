@@ -1,0 +1,94 @@
+"""Timing that a reviewer would trust: warm-up, repeats, medians with spread, device synchronisation, threads.
+
+Machines are shared and noisy, so speed claims in this package are ratios of measurements taken side by side in
+one process, interleaved (method A, method B, A, B, ...) so that drifts in machine load hit both alike.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+
+def synchronize(device: str | torch.device | None = None) -> None:
+    """Wait for queued device work, so a timer measures it (a no-op on CPU)."""
+    device = torch.device(device) if device is not None else None
+    if torch.cuda.is_available() and (device is None or device.type == "cuda"):
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class Timing:
+    """Wall times (seconds) of repeated runs of one thing."""
+
+    name: str
+    seconds: list[float] = field(default_factory=list)
+    units: list[int] = field(default_factory=list)  # e.g. tokens produced by each run
+    threads: int = field(default_factory=torch.get_num_threads)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def per_unit(self) -> list[float]:
+        return [s / u for s, u in zip(self.seconds, self.units)]
+
+    @property
+    def median_per_unit(self) -> float:
+        """Median over runs of seconds per unit (e.g. seconds per output token)."""
+        return statistics.median(self.per_unit)
+
+    @property
+    def spread_per_unit(self) -> tuple[float, float]:
+        """(min, max) seconds per unit over the runs."""
+        return min(self.per_unit), max(self.per_unit)
+
+
+def time_interleaved(fns: dict[str, Callable[[], int]], *, repeats: int = 3, warmup: int = 1,
+                     device=None) -> dict[str, Timing]:
+    """Run each fn `warmup` times, then `repeats` rounds of all fns in turn, timing each call.
+
+    Each fn returns the number of units it produced (tokens), so results come as time per unit as well.
+    """
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    out = {name: Timing(name) for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            synchronize(device)
+            t0 = time.perf_counter()
+            units = fn()
+            synchronize(device)
+            out[name].seconds.append(time.perf_counter() - t0)
+            out[name].units.append(int(units))
+    return out
+
+
+@torch.no_grad()
+def forward_seconds(model, prefix_len: int, new_tokens: int, *, repeats: int = 5, device=None) -> float:
+    """Median time of one forward of `new_tokens` tokens on a KV cache of `prefix_len` tokens (the cost of one
+    decode step for new_tokens = 1, of one verification of gamma drafts for new_tokens = gamma + 1)."""
+    from transformers import DynamicCache
+
+    dev = next(model.parameters()).device
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    prefix = torch.randint(vocab, (1, prefix_len), generator=g).to(dev)
+    new = torch.randint(vocab, (1, new_tokens), generator=g).to(dev)
+    cache = DynamicCache(config=model.config)
+    model(input_ids=prefix, use_cache=True, cache=cache, logits_to_keep=1)
+    times = []
+    for _ in range(repeats + 1):  # the first is a warm-up
+        synchronize(device)
+        t0 = time.perf_counter()
+        model(input_ids=new, use_cache=True, cache=cache, logits_to_keep=new_tokens)
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+        cache.crop(-new_tokens)
+    return statistics.median(times[1:])
