@@ -92,8 +92,8 @@ def test_ledger_adds_up_to_every_forward():
     expect_t = sum(flops.forward_flops(target.config, n, c, logits=g + 1)
                    for (n, c), g in zip(r.stats.target_forwards, r.stats.proposed))
     expect_d = sum(flops.forward_flops(draft.config, n, c, logits=1) for n, c in r.stats.draft_forwards)
-    assert led.target_useful + led.target_wasted == expect_t
-    assert led.draft_useful + led.draft_wasted == expect_d
+    assert led.total == expect_t + expect_d
+    assert led.prefill == flops.forward_flops(target.config, 2, 0, logits=0) + flops.forward_flops(draft.config, 2, 0, logits=0)
     assert (led.target_wasted > 0) == any(n < g for n, g in zip(r.stats.accepted, r.stats.proposed))
     ar = autoregressive_generate(target, ids, max_new_tokens=20, generator=torch.Generator().manual_seed(0))
     led_ar = flops.ledger(ar.stats, target.config)

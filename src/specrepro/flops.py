@@ -236,39 +236,70 @@ class Ledger:
     target_wasted: int
     draft_useful: int
     draft_wasted: int
+    prefill: int = 0  # both models' work on the prompt (all but its last token), counted apart
 
     @property
     def total(self) -> int:
-        return self.target_useful + self.target_wasted + self.draft_useful + self.draft_wasted
+        return self.target_useful + self.target_wasted + self.draft_useful + self.draft_wasted + self.prefill
+
+    @property
+    def decode(self) -> int:
+        """Work after the prompt: what Thm 3.11 compares."""
+        return self.total - self.prefill
 
     @property
     def wasted_fraction(self) -> float:
         return (self.target_wasted + self.draft_wasted) / self.total if self.total else 0.0
 
 
+def flops_config(model):
+    """The config the FLOP formulas read, or None for a model that does no matrix work (prompt lookup)."""
+    config = getattr(model, "config", None)
+    return config if getattr(config, "model_type", None) in GATED_MLP else None
+
+
+def iteration_flops(stats, target_config, draft_config=None) -> list[dict]:
+    """Per-iteration matmul FLOPs of a speculative generation, as data: one dict per target verification with
+    gamma (drafts proposed), accepted, tokens (emitted), target/draft FLOPs, split useful/wasted (see `ledger`).
+    The prompt's prefill (its first L - 1 tokens, carried by each model's first forward) is left out."""
+    L = stats.prompt_len - 1
+    draft_iter = iter(stats.draft_forwards)
+    rows, first_draft = [], True
+    for i, ((n_tok, cache_len), g, n) in enumerate(zip(stats.target_forwards, stats.proposed, stats.accepted)):
+        f = forward_flops(target_config, n_tok, cache_len, logits=g + 1)
+        if i == 0 and L:
+            f -= forward_flops(target_config, L, 0, logits=0)
+            n_tok -= L
+        wasted = f * (g - n) // n_tok
+        row = dict(gamma=g, accepted=n, tokens=n + 1, target_useful=f - wasted, target_wasted=wasted,
+                   draft_useful=0, draft_wasted=0)
+        for j in range(1, g + 1):
+            d_tok, d_cache = next(draft_iter)
+            fd = forward_flops(draft_config, d_tok, d_cache, logits=1) if draft_config is not None else 0
+            if first_draft and L and draft_config is not None:
+                fd -= forward_flops(draft_config, L, 0, logits=0)
+            first_draft = False
+            row["draft_useful" if j <= n else "draft_wasted"] += fd
+        rows.append(row)
+    return rows
+
+
 def ledger(stats, target_config, draft_config=None) -> Ledger:
     """Split a generation's FLOPs (from its GenerationStats) into useful and wasted.
 
     Target: a verification forward of g+1 tokens with n accepted keeps n+1 positions' work; the other g-n are
-    waste (rejected drafts). A prefill forward's prompt tokens are useful. Draft: the forward that proposed x_i is
-    useful if x_i was accepted (i <= n), waste otherwise. Autoregressive stats (no drafts) are all useful.
-    FLOPs of a partly useful forward are split in proportion to tokens.
+    waste (rejected drafts). Draft: the forward that proposed x_i is useful if x_i was accepted (i <= n), waste
+    otherwise. Autoregressive stats (no drafts) are all useful. The prompt's prefill (its first L - 1 tokens,
+    which the first forward of each model carries) is booked apart in `prefill`. FLOPs of a partly useful forward
+    are split in proportion to tokens.
     """
-    tu = tw = du = dw = 0
+    L = stats.prompt_len - 1
+    prefill = forward_flops(target_config, L, 0, logits=0) if L else 0
+    if draft_config is not None and stats.draft_forwards and L:
+        prefill += forward_flops(draft_config, L, 0, logits=0)
     if not stats.proposed:  # autoregressive
-        tu = sum(forward_flops(target_config, n, c, logits=1) for n, c in stats.target_forwards)
-        return Ledger(tu, 0, 0, 0)
-    draft_iter = iter(stats.draft_forwards)
-    for (n_tok, cache_len), g, n in zip(stats.target_forwards, stats.proposed, stats.accepted):
-        f = forward_flops(target_config, n_tok, cache_len, logits=g + 1)
-        wasted_tokens = g - n
-        tw += f * wasted_tokens // n_tok
-        tu += f - f * wasted_tokens // n_tok
-        for i in range(1, g + 1):
-            d_tok, d_cache = next(draft_iter)
-            fd = forward_flops(draft_config, d_tok, d_cache, logits=1) if draft_config is not None else 0
-            if i <= n:
-                du += fd
-            else:
-                dw += fd
-    return Ledger(tu, tw, du, dw)
+        tu = sum(forward_flops(target_config, n, c, logits=1) for n, c in stats.target_forwards) - prefill
+        return Ledger(tu, 0, 0, 0, prefill)
+    rows = iteration_flops(stats, target_config, draft_config)
+    return Ledger(*(sum(r[k] for r in rows) for k in ("target_useful", "target_wasted", "draft_useful",
+                                                        "draft_wasted")), prefill)

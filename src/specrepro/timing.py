@@ -92,3 +92,33 @@ def forward_seconds(model, prefix_len: int, new_tokens: int, *, repeats: int = 5
         times.append(time.perf_counter() - t0)
         cache.crop(-new_tokens)
     return statistics.median(times[1:])
+
+
+def peak_matmul_flops(device="cpu", n: int = 2048, dtype=torch.float32, repeats: int = 5) -> float:
+    """Achieved FLOP/s of a large square matmul: the roofline's compute ceiling on this device and thread count."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    a @ b  # warm-up
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        t0 = time.perf_counter()
+        a @ b
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return 2 * n ** 3 / min(times)
+
+
+def memory_bandwidth(device="cpu", n_bytes: int = 1 << 30, repeats: int = 5) -> float:
+    """Achieved bytes/s of reading a buffer far larger than the caches (a reduction over `n_bytes` of float32):
+    the roofline's memory slope."""
+    x = torch.ones(n_bytes // 4, device=device, dtype=torch.float32)
+    x.sum()  # warm-up
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        t0 = time.perf_counter()
+        x.sum()
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return n_bytes / min(times)
