@@ -1,0 +1,232 @@
+"""Same distribution, different draw: where speculative decoding's numerics and random numbers part ways.
+
+Chen et al. 2023 (arXiv 2302.01318), Sec. 3: "because the different computation graphs lead to different numerics,
+we cannot expect identical outputs". Speculative sampling scores gamma+1 tokens in one forward, plain decoding one
+at a time; the same logits come out of different kernels, summation orders and batch shapes, so they differ in the
+last bits. Greedy decoding flips only where the top two logits are that close; sampling moreover consumes random
+numbers in another order (gamma draft draws, gamma acceptance draws and a residual draw per iteration), so the
+same seed gives a different sample from the same distribution.
+
+Probes here measure each effect; the paired test `paired_quality_test` tells "a different draw" from "a broken
+implementation" given per-prompt quality of both methods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy import stats as sps
+
+
+@contextlib.contextmanager
+def deterministic_algorithms(enabled: bool):
+    """Set torch.use_deterministic_algorithms for the block and restore the previous setting afterwards."""
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(enabled, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+# ---- logits along one continuation, three computation graphs -------------------------------------------------
+
+
+@torch.no_grad()
+def logits_decode(model, prompt_ids: torch.Tensor, cont_ids: torch.Tensor) -> torch.Tensor:
+    """(a) One token at a time with a KV cache, as autoregressive decoding computes them: (n, V) predicting each
+    continuation token (and one past the end is not scored)."""
+    from transformers import DynamicCache
+
+    dev = next(model.parameters()).device
+    cache = DynamicCache(config=model.config)
+    seq = torch.cat([prompt_ids, cont_ids], 1).to(dev)
+    L, n = prompt_ids.shape[1], cont_ids.shape[1]
+    if L > 1:
+        model(input_ids=seq[:, :L - 1], cache=cache, use_cache=True, logits_to_keep=1)
+    out = [model(input_ids=seq[:, i:i + 1], cache=cache, use_cache=True).logits[0, -1] for i in range(L - 1, L - 1 + n)]
+    return torch.stack(out).double().cpu()
+
+
+@torch.no_grad()
+def logits_verify(model, prompt_ids: torch.Tensor, cont_ids: torch.Tensor, gamma: int) -> torch.Tensor:
+    """(b) In verification passes of gamma+1 tokens with a KV cache, as speculative decoding computes them when
+    every draft is accepted: (n, V)."""
+    from transformers import DynamicCache
+
+    dev = next(model.parameters()).device
+    cache = DynamicCache(config=model.config)
+    seq = torch.cat([prompt_ids, cont_ids], 1).to(dev)
+    L, n = prompt_ids.shape[1], cont_ids.shape[1]
+    if L > 1:
+        model(input_ids=seq[:, :L - 1], cache=cache, use_cache=True, logits_to_keep=1)
+    out, pos = [], L - 1
+    while pos < L - 1 + n:
+        block = seq[:, pos:min(pos + gamma + 1, L - 1 + n)]
+        out.append(model(input_ids=block, cache=cache, use_cache=True).logits[0])
+        pos += block.shape[1]
+    return torch.cat(out).double().cpu()
+
+
+@torch.no_grad()
+def logits_full(model, prompt_ids: torch.Tensor, cont_ids: torch.Tensor) -> torch.Tensor:
+    """(c) One forward of the whole sequence without a cache: (n, V)."""
+    dev = next(model.parameters()).device
+    n = cont_ids.shape[1]
+    seq = torch.cat([prompt_ids, cont_ids], 1).to(dev)
+    return model(input_ids=seq).logits[0, -(n + 1):-1].double().cpu()
+
+
+MANTISSA_BITS = {torch.float64: 52, torch.float32: 23, torch.bfloat16: 7, torch.float16: 10}
+
+
+def ulp_distance(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """|a - b| in units of the last place of `dtype` at |a| (the spacing of representable numbers there)."""
+    mag = a.abs().clamp_min(torch.finfo(dtype).tiny)
+    spacing = torch.pow(2.0, torch.floor(torch.log2(mag)) - MANTISSA_BITS[dtype])
+    return (a - b).abs() / spacing
+
+
+@dataclass(frozen=True)
+class LogitDiff:
+    """How two computations of the same logits differ."""
+
+    max_abs: float  # max |delta logit|
+    max_ulp: float  # max distance in ULPs of the compute dtype
+    argmax_flips: int  # positions whose argmax differs
+    positions: int
+    flip_gaps: tuple[float, ...]  # top-1 minus top-2 logit (of the first computation) where the argmax flips
+    median_gap: float  # the median top-1/top-2 gap over all positions, for scale
+
+    @property
+    def flip_rate(self) -> float:
+        return self.argmax_flips / self.positions if self.positions else float("nan")
+
+
+def compare_logits(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> LogitDiff:
+    """Compare two (n, V) logit tensors computed in `dtype`."""
+    top2 = a.topk(2, dim=-1).values
+    gap = top2[:, 0] - top2[:, 1]
+    flips = a.argmax(-1) != b.argmax(-1)
+    return LogitDiff(max_abs=float((a - b).abs().max()), max_ulp=float(ulp_distance(a, b, dtype).max()),
+                     argmax_flips=int(flips.sum()), positions=a.shape[0],
+                     flip_gaps=tuple(float(g) for g in gap[flips]), median_gap=float(gap.median()))
+
+
+# ---- batch composition -------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def batch_composition_diff(model, row: torch.Tensor, others: torch.Tensor) -> tuple[float, int]:
+    """Logits of `row` (1, T) computed alone vs as row 0 of a batch with `others` (B-1, T), same length, no padding.
+    Returns (max |delta logit|, positions whose argmax flips)."""
+    dev = next(model.parameters()).device
+    alone = model(input_ids=row.to(dev)).logits[0].double()
+    batched = model(input_ids=torch.cat([row, others]).to(dev)).logits[0].double()
+    return float((alone - batched).abs().max()), int((alone.argmax(-1) != batched.argmax(-1)).sum())
+
+
+# ---- same seed, different draw -----------------------------------------------------------------------------
+
+
+def first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
+    """Index of the first differing token of two 1-D token sequences (compared up to the shorter), else None."""
+    n = min(a.numel(), b.numel())
+    diff = (a[:n] != b[:n]).nonzero()
+    return int(diff[0]) if diff.numel() else None
+
+
+def uniform_index_of_tokens(stats) -> list[int]:
+    """For a speculative run, the position in the generator's stream of the uniform that decided each emitted
+    token (accepted drafts: their acceptance draw; the last token of an iteration: the residual/bonus draw).
+    Autoregressive decoding uses uniform k for token k, so the streams line up only by coincidence."""
+    out, used = [], 0
+    for g, n in zip(stats.proposed, stats.accepted):
+        accept_base = used + g  # after the g draft draws
+        out += [accept_base + i for i in range(n)]
+        out.append(accept_base + g)  # the residual (or bonus) uniform
+        used += 2 * g + 1
+    return out
+
+
+# ---- who was right? -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PairedVerdict:
+    n: int
+    mean_a: float
+    mean_b: float
+    p_value: float
+    test: str
+    verdict: str
+
+
+def paired_quality_test(quality_a, quality_b, *, alpha: float = 0.05, binary: bool | None = None,
+                        names: tuple[str, str] = ("autoregressive", "speculative")) -> PairedVerdict:
+    """Is method b reproducibly worse (or better) than a on the same prompts, or within what different draws give?
+
+    Binary metrics (pass/fail) use McNemar's exact test on the discordant pairs; continuous ones the Wilcoxon
+    signed-rank test. A p-value below `alpha` with b worse says "reproducibly worse: look for an implementation
+    problem"; otherwise the difference is within sampling noise of two draws from one distribution.
+    """
+    a, b = np.asarray(quality_a, dtype=float), np.asarray(quality_b, dtype=float)
+    if a.shape != b.shape or a.ndim != 1 or a.size == 0:
+        raise ValueError("quality_a and quality_b must be equal-length 1-D sequences, one value per prompt")
+    binary = bool(np.isin(np.concatenate([a, b]), (0, 1)).all()) if binary is None else binary
+    if binary:
+        worse, better = int(((a == 1) & (b == 0)).sum()), int(((a == 0) & (b == 1)).sum())
+        k = worse + better
+        p = 1.0 if k == 0 else float(sps.binomtest(worse, k, 0.5).pvalue)
+        test = f"McNemar exact ({worse} prompts only {names[0]} passed, {better} only {names[1]})"
+    else:
+        d = b - a
+        p = 1.0 if not np.any(d) else float(sps.wilcoxon(a, b).pvalue)
+        test = "Wilcoxon signed-rank"
+    if p < alpha:
+        direction = "worse" if b.mean() < a.mean() else "better"
+        verdict = (f"{names[1]} is reproducibly {direction} (p = {p:.3g} < {alpha}): not a different draw; "
+                   "check the implementation")
+    else:
+        verdict = (f"no significant difference (p = {p:.3g} >= {alpha}): consistent with two draws from one "
+                   "distribution")
+    return PairedVerdict(int(a.size), float(a.mean()), float(b.mean()), p, test, verdict)
+
+
+def chisquare_two_sample(counts_a: np.ndarray, counts_b: np.ndarray, min_expected: float = 5.0
+                         ) -> tuple[float, int, float]:
+    """Chi-squared test of homogeneity of two histograms over the same categories; categories whose pooled
+    expected count is below `min_expected` are merged. Returns (statistic, dof, p_value)."""
+    a, b = np.asarray(counts_a, float).ravel(), np.asarray(counts_b, float).ravel()
+    total = a + b
+    keep = total > 0
+    a, b, total = a[keep], b[keep], total[keep]
+    small = total * min(a.sum(), b.sum()) / total.sum() < min_expected
+    if small.any():
+        a = np.append(a[~small], a[small].sum())
+        b = np.append(b[~small], b[small].sum())
+    table = np.stack([a, b])
+    table = table[:, table.sum(0) > 0]
+    if table.shape[1] < 2:
+        return 0.0, 0, 1.0
+    stat, p, dof, _ = sps.chi2_contingency(table, correction=False)
+    return float(stat), int(dof), float(p)
+
+
+def chisquare_power(p0: np.ndarray, p1: np.ndarray, n: int, dof: int, level: float) -> float:
+    """Power of a chi-squared goodness-of-fit test with n samples to reject p0 when the truth is p1 (noncentral
+    chi-squared approximation, noncentrality n * sum (p1 - p0)^2 / p0)."""
+    p0, p1 = np.asarray(p0, float), np.asarray(p1, float)
+    keep = p0 > 0
+    lam = n * float((((p1 - p0) ** 2)[keep] / p0[keep]).sum())
+    crit = sps.chi2.ppf(1 - level, dof)
+    return float(sps.ncx2.sf(crit, dof, lam)) if lam > 0 else level
+
+
+def top1_top2_gap(logits: torch.Tensor) -> torch.Tensor:
+    top = logits.topk(2, dim=-1).values
+    return top[..., 0] - top[..., 1]
+
