@@ -22,7 +22,12 @@ def test_notebook_is_committed_clean_with_smoke_and_out_dir(nb):
     code = [c for c in cells if c.cell_type == "code"]
     assert all(not c.outputs and c.execution_count is None for c in code), "strip outputs before committing"
     assert cells[0].cell_type == "markdown"
-    assert {"smoke", "out_dir"} <= set(declared_parameters(nb))
+    declared = declared_parameters(nb)
+    assert {"smoke", "out_dir"} <= set(declared)
+    params_cell = next(c for c in cells if "parameters" in c.metadata.get("tags", []))
+    assigned = [line.split("=")[0].strip() for line in params_cell.source.splitlines() if "=" in line]
+    assert sorted(assigned) == sorted(declared), "papermill could not parse every parameter line"
+    assert all("#" in line for line in params_cell.source.splitlines() if line.strip()), "document every parameter"
     assert not any(line.lstrip().startswith(("def ", "class ")) for c in code for line in c.source.splitlines()), \
         "functions belong in the library, with a test"
 

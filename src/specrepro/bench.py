@@ -1,0 +1,217 @@
+"""Benchmark: autoregressive vs speculative decoding vs transformers' assisted generation, in one process.
+
+    python -m specrepro.bench --draft draft-l --gamma 4 --prompts 4 --max-new-tokens 64
+    make bench ARGS="--temperature 0.8 --top-p 0.95"
+
+Every method decodes the same prompts with the same sampling settings, interleaved (A, B, C, A, B, C, ...), so
+machine-load drift hits all alike; speedups are ratios of medians measured side by side. For each method it reports
+time to first token (a run of one new token) apart from the time per output token after it. It also prints the
+speedup the generalised walltime model (`theory.walltime_improvement_measured`) predicts from the measured alpha,
+the draft's and the target's time per token, and the measured cost of a verification forward of gamma+1 tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from . import theory
+from .generate import autoregressive_generate, pooled_alpha, speculative_generate
+from .timing import forward_seconds, synchronize
+
+METHODS = ("autoregressive", "speculative", "hf_assisted_fixed", "hf_assisted_default")
+
+
+def hf_generate(target, input_ids, *, max_new_tokens: int, temperature: float = 0.0, top_k=None, top_p=None,
+                eos_token_id=None, assistant=None, gamma: int | None = None, generator=None):
+    """transformers' generate(), with `assistant_model=assistant` when given.
+
+    gamma set: a like-for-like run (num_assistant_tokens=gamma, constant schedule, no confidence threshold). gamma
+    None: transformers' default heuristics, as a user would call it. The assistant's generation config (which
+    transformers reads and, for the heuristic schedule, mutates) is restored afterwards.
+    """
+    from transformers import GenerationConfig
+
+    kw = dict(max_new_tokens=max_new_tokens, min_new_tokens=0, pad_token_id=eos_token_id if eos_token_id is not None else 0,
+              eos_token_id=eos_token_id)
+    if temperature > 0:
+        kw |= dict(do_sample=True, temperature=temperature, top_k=top_k or 0, top_p=top_p if top_p is not None else 1.0)
+    else:
+        kw |= dict(do_sample=False, temperature=None, top_k=None, top_p=None)
+    seed = int(torch.randint(2 ** 31, (1,), generator=generator)) if generator is not None else None
+    saved = None
+    if assistant is not None:
+        saved = assistant.generation_config
+        cfg = GenerationConfig()  # transformers' defaults
+        if gamma is not None:
+            cfg.num_assistant_tokens, cfg.num_assistant_tokens_schedule = gamma, "constant"
+            cfg.assistant_confidence_threshold = 0.0
+        assistant.generation_config = cfg
+        kw["assistant_model"] = assistant
+    devices = [target.device] if target.device.type == "cuda" else []
+    try:
+        # transformers samples from the global RNG: seed it inside fork_rng, which restores it afterwards
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+            if seed is not None:
+                torch.manual_seed(seed)
+            out = target.generate(input_ids.to(target.device), **kw)
+    finally:
+        if assistant is not None:
+            assistant.generation_config = saved
+    return out.cpu()
+
+
+@dataclass
+class Run:
+    method: str
+    prompt: int
+    repeat: int
+    seconds: float
+    ttft_seconds: float
+    new_tokens: int
+    alpha: float | None = None
+    tokens_per_iteration: float | None = None
+    output: list[int] | None = None  # the generated token ids, for quality metrics
+
+    @property
+    def ms_per_token(self) -> float:
+        return 1e3 * self.seconds / self.new_tokens
+
+    @property
+    def decode_ms_per_token(self) -> float:
+        """Time per output token after the first (the first token's time is the TTFT)."""
+        return 1e3 * (self.seconds - self.ttft_seconds) / max(1, self.new_tokens - 1)
+
+
+def _timed(fn, device) -> tuple[float, object]:
+    synchronize(device)
+    t0 = time.perf_counter()
+    out = fn()
+    synchronize(device)
+    return time.perf_counter() - t0, out
+
+
+def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new_tokens: int,
+              temperature: float = 0.0, top_k=None, top_p=None, eos_token_id=None, repeats: int = 1,
+              methods=METHODS, seed: int = 0, device=None, warmup: bool = True) -> list[Run]:
+    """Time each method on each prompt, interleaved; `repeats` rounds. HF methods need a transformers draft."""
+    sample = dict(temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos_token_id)
+
+    def call(method, ids, n, g):
+        if method == "autoregressive":
+            return autoregressive_generate(target, ids, max_new_tokens=n, generator=g, **sample)
+        if method == "speculative":
+            return speculative_generate(target, draft, ids, gamma=gamma, max_new_tokens=n, generator=g, **sample)
+        fixed = gamma if method == "hf_assisted_fixed" else None
+        return hf_generate(target, ids, max_new_tokens=n, assistant=draft, gamma=fixed, generator=g, **sample)
+
+    if warmup:
+        for m in methods:
+            call(m, prompts[0], 4, torch.Generator().manual_seed(seed))
+    runs = []
+    for rep in range(repeats):
+        for i, ids in enumerate(prompts):
+            for m in methods:
+                ttft, _ = _timed(lambda: call(m, ids, 1, torch.Generator().manual_seed(seed + i)), device)
+                secs, out = _timed(lambda: call(m, ids, max_new_tokens, torch.Generator().manual_seed(seed + i)), device)
+                seq = out.sequences if hasattr(out, "sequences") else out
+                stats = getattr(out, "stats", None)
+                runs.append(Run(m, i, rep, secs, ttft, seq.shape[1] - ids.shape[1], output=seq[0, ids.shape[1]:].tolist(),
+                                                alpha=pooled_alpha([stats]) if stats is not None and stats.proposed else None,
+                                tokens_per_iteration=(stats.tokens_per_iteration if stats is not None and stats.proposed
+                                                      else None)))
+    return runs
+
+
+def summarize(runs: list[Run]) -> dict[str, dict]:
+    """Per method: median ms/token, decode ms/token, TTFT, and speedup over autoregressive (ratio of medians)."""
+    out = {}
+    for m in dict.fromkeys(r.method for r in runs):
+        rs = [r for r in runs if r.method == m]
+        out[m] = dict(ms_per_token=statistics.median(r.ms_per_token for r in rs),
+                      decode_ms_per_token=statistics.median(r.decode_ms_per_token for r in rs),
+                      ttft_ms=1e3 * statistics.median(r.ttft_seconds for r in rs),
+                      spread_ms_per_token=(min(r.ms_per_token for r in rs), max(r.ms_per_token for r in rs)),
+                      tokens=sum(r.new_tokens for r in rs), runs=len(rs))
+    if "autoregressive" in out:
+        base = out["autoregressive"]["decode_ms_per_token"]
+        for m in out:
+            out[m]["speedup"] = base / out[m]["decode_ms_per_token"]
+    return out
+
+
+def predicted_speedup(alpha: float, gamma: int, *, ar_ms_per_token: float, draft_ms_per_token: float,
+                      forward_ms_1: float, forward_ms_verify: float) -> float:
+    """The generalised walltime model (theory.walltime_improvement_measured) from measured costs. A decode step's
+    overhead beyond its forward (sampling, bookkeeping: ar_ms_per_token - forward_ms_1) is charged to each
+    verification too."""
+    overhead = max(0.0, ar_ms_per_token - forward_ms_1)
+    return theory.walltime_improvement_measured(min(alpha, 1.0), gamma, t_target=ar_ms_per_token,
+                                                t_draft=draft_ms_per_token, t_verify=forward_ms_verify + overhead)
+
+
+def draft_ms_per_token(draft, prompt: torch.Tensor, n: int = 16, repeats: int = 3) -> float:
+    """The draft's own greedy decoding speed (its cost c times the target's)."""
+    autoregressive_generate(draft, prompt, max_new_tokens=2, temperature=0)
+    times = []
+    for _ in range(repeats):
+        secs, out = _timed(lambda: autoregressive_generate(draft, prompt, max_new_tokens=n, temperature=0), None)
+        times.append(secs / out.stats.new_tokens)
+    return 1e3 * statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .acceptance import eval_prompts
+    from .data import format_prompt
+    from .models import load_draft, load_target, load_tokenizer
+
+    ap = argparse.ArgumentParser(prog="python -m specrepro.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="smollm2-135m-instruct")
+    ap.add_argument("--draft", default="draft-l")
+    ap.add_argument("--task", choices=("code", "text"), default="code")
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--top-k", type=int, default=None)
+    ap.add_argument("--top-p", type=float, default=None)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    ap.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
+    args = ap.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
+    target = load_target(args.target, dtype=dtype, device=args.device)
+    draft = load_draft(args.draft, dtype=dtype, device=args.device)
+    tok = load_tokenizer(args.target)
+    prompts = [tok(format_prompt(tok, args.task, ex), return_tensors="pt").input_ids
+               for ex in eval_prompts(args.task, args.prompts)]
+    hf_ok = not args.no_hf and hasattr(draft, "generation_config")
+    methods = METHODS if hf_ok else METHODS[:2]
+    runs = run_bench(target, draft, prompts, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
+                     temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                     eos_token_id=tok.eos_token_id, repeats=args.repeats, methods=methods, device=args.device)
+    summary = summarize(runs)
+    alpha = statistics.mean(r.alpha for r in runs if r.alpha is not None)
+    ctx = int(statistics.mean(p.shape[1] for p in prompts)) + args.max_new_tokens // 2
+    pred = predicted_speedup(alpha, args.gamma, ar_ms_per_token=summary["autoregressive"]["decode_ms_per_token"],
+                             draft_ms_per_token=draft_ms_per_token(draft, prompts[0]),
+                             forward_ms_1=1e3 * forward_seconds(target, ctx, 1, device=args.device),
+                             forward_ms_verify=1e3 * forward_seconds(target, ctx, args.gamma + 1, device=args.device))
+    print(f"target {args.target}, draft {args.draft}, gamma {args.gamma}, T={args.temperature}, "
+          f"{len(prompts)} {args.task} prompts x {args.repeats}, {torch.get_num_threads()} threads, {args.device}")
+    print(f"{'method':22s} {'ms/token':>9s} {'decode ms/tok':>14s} {'TTFT ms':>8s} {'speedup':>8s}")
+    for m, s in summary.items():
+        print(f"{m:22s} {s['ms_per_token']:9.1f} {s['decode_ms_per_token']:14.1f} {s['ttft_ms']:8.1f} "
+              f"{s.get('speedup', float('nan')):8.2f}")
+    print(f"alpha {alpha:.3f}; generalised walltime model predicts {pred:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
