@@ -39,6 +39,14 @@ reproduce: $(OUTPUTS)
 outputs/%/metrics.json: notebooks/%.ipynb $(SRC) $(STAMP)
 	$(PY) -m specrepro.pipeline $<
 
+## Retrain the draft family by distillation from the target (~1 hour on 2 CPU cores), then evaluate it
+drafts: $(STAMP)
+	$(PY) -m specrepro.pipeline notebooks/00-train-drafts.ipynb -p train_drafts=true
+
+## Time autoregressive vs speculative vs transformers' assisted generation (ARGS="--gamma 6 --temperature 0.8")
+bench: $(STAMP)
+	$(PY) -m specrepro.bench $(ARGS)
+
 ## Open JupyterLab on the notebooks
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/
@@ -48,4 +56,4 @@ clean:
 	rm -rf $(VENV) .pytest_cache outputs/.staging outputs/.failed
 	find . -name __pycache__ -prune -exec rm -rf {} +
 
-.PHONY: help setup test reproduce lab clean
+.PHONY: help setup test reproduce drafts bench lab clean
