@@ -32,8 +32,10 @@ def hf_generate(target, input_ids, *, max_new_tokens: int, temperature: float = 
 
     gamma set: a like-for-like run (num_assistant_tokens=gamma, constant schedule, no confidence threshold). gamma
     None: transformers' default heuristics, as a user would call it. The assistant's generation config (which
-    transformers reads and, for the heuristic schedule, mutates) is restored afterwards.
+    transformers reads and, for the heuristic schedule, mutates) is restored afterwards. A `PromptLookupDraft` maps
+    to transformers' own prompt lookup decoding (`prompt_lookup_num_tokens`, `max_matching_ngram_size`).
     """
+    from .drafts import PromptLookupDraft
     from transformers import GenerationConfig
 
     kw = dict(max_new_tokens=max_new_tokens, min_new_tokens=0, pad_token_id=eos_token_id if eos_token_id is not None else 0,
@@ -44,6 +46,10 @@ def hf_generate(target, input_ids, *, max_new_tokens: int, temperature: float = 
         kw |= dict(do_sample=False, temperature=None, top_k=None, top_p=None)
     seed = int(torch.randint(2 ** 31, (1,), generator=generator)) if generator is not None else None
     saved = None
+    if isinstance(assistant, PromptLookupDraft):
+        kw["prompt_lookup_num_tokens"] = gamma if gamma is not None else 10  # transformers' documented example
+        kw["max_matching_ngram_size"] = assistant.config.max_ngram
+        assistant = None
     if assistant is not None:
         saved = assistant.generation_config
         cfg = GenerationConfig()  # transformers' defaults
@@ -191,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     tok = load_tokenizer(args.target)
     prompts = [tok(format_prompt(tok, args.task, ex), return_tensors="pt").input_ids
                for ex in eval_prompts(args.task, args.prompts)]
-    hf_ok = not args.no_hf and hasattr(draft, "generation_config")
+    hf_ok = not args.no_hf
     methods = METHODS if hf_ok else METHODS[:2]
     runs = run_bench(target, draft, prompts, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
