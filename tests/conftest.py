@@ -1,6 +1,12 @@
+import os
+
 import numpy as np
 import pytest
 import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # two xdist workers on a 2-core machine: one torch thread each, so they do not oversubscribe the cores
+    torch.set_num_threads(1)
 
 from specrepro.tiny import tiny_pair
 

@@ -19,6 +19,7 @@ import torch
 from .data import format_prompt, load_prompts
 from .generate import autoregressive_generate
 from .models import CACHE_DIR
+from .report import tmp_path
 from .sampling import SamplingConfig, probs_from_logits
 
 
@@ -49,8 +50,9 @@ def target_continuations(target, tokenizer, task: str, *, n_prompts: int, n_toke
         out.append(dict(task_id=ex["task_id"], prompt_ids=ids, new_ids=r.sequences[:, ids.shape[1]:]))
     if cache and target_id:
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(out, path.with_suffix(".tmp"))
-        os.replace(path.with_suffix(".tmp"), path)
+        tmp = tmp_path(path)
+        torch.save(out, tmp)
+        os.replace(tmp, path)
     return out
 
 

@@ -26,7 +26,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from .report import REPO_ROOT
+from .report import REPO_ROOT, tmp_path
 
 PROMPTS_DIR = REPO_ROOT / "data" / "prompts"
 HELD_OUT_PLAYS = ("hamlet", "macbeth", "othello", "tempest")
@@ -85,7 +85,7 @@ def build_prompt_sets(folder: Path = PROMPTS_DIR) -> dict[str, str]:
     sums = {}
     for task, rows in (("code", code_examples()), ("text", text_examples())):
         body = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
-        tmp = folder / f".{task}.jsonl.tmp"
+        tmp = tmp_path(folder / f"{task}.jsonl")
         tmp.write_text(body)
         os.replace(tmp, folder / f"{task}.jsonl")
         sums[f"{task}.jsonl"] = hashlib.sha256(body.encode()).hexdigest()

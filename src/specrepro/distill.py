@@ -23,6 +23,7 @@ import torch
 
 from .data import training_documents
 from .models import CACHE_DIR
+from .report import tmp_path
 
 SHARD_CHUNKS = 64
 
@@ -92,7 +93,7 @@ def teacher_labels(target, chunks: torch.Tensor, cfg: LabelConfig, *, target_id:
             top = logits.log_softmax(-1).topk(cfg.top_k, dim=-1)
             ids.append(top.indices.int().cpu())
             logp.append(top.values.half().cpu())
-        tmp = path.with_suffix(".tmp")
+        tmp = tmp_path(path)
         torch.save({"topk_ids": torch.cat(ids), "topk_logp": torch.cat(logp)}, tmp)
         os.replace(tmp, path)
         done_tokens += part.numel()

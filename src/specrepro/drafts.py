@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from .report import replace_dir, tmp_path
 
 TARGET_VOCAB = 49_152
 
@@ -106,7 +107,7 @@ def save_small(folder: Path, cut_model, kept: torch.Tensor, manifest: dict) -> N
     """Store the cut model in bf16 with its kept ids and manifest; written to a temporary folder, then renamed."""
     from safetensors.torch import save_file
 
-    tmp = folder.with_name(folder.name + ".tmp")
+    tmp = tmp_path(folder)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in cut_model.state_dict().items()
@@ -114,16 +115,7 @@ def save_small(folder: Path, cut_model, kept: torch.Tensor, manifest: dict) -> N
     save_file(state | {"kept_ids": kept.int()}, tmp / "weights.safetensors")
     write = manifest | {"kind": "small", "config": cut_model.config.to_dict()}
     (tmp / "manifest.json").write_text(json.dumps(write, indent=2, sort_keys=True, default=str) + "\n")
-    _replace_dir(tmp, folder)
-
-
-def _replace_dir(tmp: Path, folder: Path) -> None:
-    old = folder.with_name(folder.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if folder.exists():
-        folder.rename(old)
-    os.replace(tmp, folder)
-    shutil.rmtree(old, ignore_errors=True)
+    replace_dir(tmp, folder)
 
 
 def load_shipped(folder: Path, dtype: torch.dtype = torch.float32, target=None):
@@ -181,7 +173,7 @@ def early_exit_trainable(layers: int) -> list[str]:
 def save_early_exit(folder: Path, model, layers: int, manifest: dict) -> None:
     from safetensors.torch import save_file
 
-    tmp = folder.with_name(folder.name + ".tmp")
+    tmp = tmp_path(folder)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     state = model.state_dict()
@@ -189,7 +181,7 @@ def save_early_exit(folder: Path, model, layers: int, manifest: dict) -> None:
               tmp / "weights.safetensors")
     (tmp / "manifest.json").write_text(json.dumps(manifest | {"kind": "early_exit", "layers": layers}, indent=2,
                                                   sort_keys=True, default=str) + "\n")
-    _replace_dir(tmp, folder)
+    replace_dir(tmp, folder)
 
 
 # ---- the zero-cost draft: prompt lookup ------------------------------------------------------------------------
@@ -258,10 +250,10 @@ class _Out:
 
 
 def save_prompt_lookup(folder: Path, max_ngram: int, manifest: dict) -> None:
-    tmp = folder.with_name(folder.name + ".tmp")
+    tmp = tmp_path(folder)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     cfg = asdict(_LookupConfig(TARGET_VOCAB, max_ngram))
     (tmp / "manifest.json").write_text(json.dumps(manifest | {"kind": "prompt_lookup", "config": cfg}, indent=2,
                                                   sort_keys=True) + "\n")
-    _replace_dir(tmp, folder)
+    replace_dir(tmp, folder)

