@@ -35,26 +35,16 @@ def deterministic_algorithms(enabled: bool):
 # ---- logits along one continuation, three computation graphs -------------------------------------------------
 
 
-@torch.no_grad()
 def logits_decode(model, prompt_ids: torch.Tensor, cont_ids: torch.Tensor) -> torch.Tensor:
     """(a) One token at a time with a KV cache, as autoregressive decoding computes them: (n, V) predicting each
-    continuation token (and one past the end is not scored)."""
-    from transformers import DynamicCache
-
-    dev = next(model.parameters()).device
-    cache = DynamicCache(config=model.config)
-    seq = torch.cat([prompt_ids, cont_ids], 1).to(dev)
-    L, n = prompt_ids.shape[1], cont_ids.shape[1]
-    if L > 1:
-        model(input_ids=seq[:, :L - 1], cache=cache, use_cache=True, logits_to_keep=1)
-    out = [model(input_ids=seq[:, i:i + 1], cache=cache, use_cache=True).logits[0, -1] for i in range(L - 1, L - 1 + n)]
-    return torch.stack(out).double().cpu()
+    continuation token. The same forwards as `logits_verify` with blocks of one token (gamma = 0)."""
+    return logits_verify(model, prompt_ids, cont_ids, gamma=0)
 
 
 @torch.no_grad()
 def logits_verify(model, prompt_ids: torch.Tensor, cont_ids: torch.Tensor, gamma: int) -> torch.Tensor:
     """(b) In verification passes of gamma+1 tokens with a KV cache, as speculative decoding computes them when
-    every draft is accepted: (n, V)."""
+    every draft is accepted: (n, V). The prompt but its last token is prefilled first, as in `specrepro.generate`."""
     from transformers import DynamicCache
 
     dev = next(model.parameters()).device
