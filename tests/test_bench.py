@@ -52,6 +52,15 @@ def test_predicted_speedup_is_the_generalised_model():
     got = bench.predicted_speedup(0.8, 4, ar_ms_per_token=100, draft_ms_per_token=5, forward_ms_1=90,
                                   forward_ms_verify=150)
     assert got == pytest.approx(theory.expected_tokens(0.8, 4) * 100 / (4 * 5 + 150 + 10))
+    # with the iterations' proposal lengths: all equal to gamma gives the same; a 0 is one plain decoding step
+    verify = [90, 100, 110, 130, 150]
+    same = bench.predicted_speedup(0.8, 4, ar_ms_per_token=100, draft_ms_per_token=5, forward_ms_1=90,
+                                   forward_ms_verify=verify, lengths=[4, 4, 4])
+    assert same == pytest.approx(got)
+    mixed = bench.predicted_speedup(0.8, 4, ar_ms_per_token=100, draft_ms_per_token=5, forward_ms_1=90,
+                                    forward_ms_verify=verify, lengths=[4, 0])
+    tokens, ms = theory.expected_tokens(0.8, 4) + 1, (4 * 5 + 150 + 10) + (90 + 10)
+    assert mixed == pytest.approx(tokens * 100 / ms)
 
 
 def test_prompt_lookup_maps_to_transformers_prompt_lookup_decoding():

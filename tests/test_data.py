@@ -28,16 +28,39 @@ def test_tampered_prompt_file_is_detected(tmp_path):
         data.load_prompts("code", tmp_path)
 
 
-def test_held_out_plays_and_humaneval_never_enter_the_training_corpus():
-    docs = data.training_documents(seed=0)
-    text_docs = [d for kind, d in docs if kind == "text"]
-    titles = {d[0].split("Shakespeare's ")[1].split(".")[0].lower() for d in text_docs}
-    assert not titles & set(data.HELD_OUT_PLAYS)
-    passages = [ex["passage"] for ex in data.text_examples()[:10]]
-    corpus = "\n".join(d[0] + d[1] for d in text_docs)
-    assert not any(p in corpus for p in passages)
-    code = "\n".join(d for kind, d in docs if kind == "code")
-    assert "def has_close_elements" not in code and len(data.stdlib_files()) > 300
+def test_held_out_plays_and_humaneval_never_enter_the_distillation_requests():
+    requests = data.distillation_requests(seed=0)
+    text = [r for kind, r in requests if kind == "text"]
+    code = [r for kind, r in requests if kind == "code"]
+    titles = {r.split("Shakespeare's ")[1].split(".")[0].lower() for r in text}
+    assert not titles & set(data.HELD_OUT_PLAYS) and len(titles) > 30
+    assert len(code) > 1000 and all(r.startswith("Complete this Python function.") for r in code)
+    stubs = [ex["prompt"].strip() for ex in data.code_examples()]
+    assert not any(stub in r for r in code for stub in stubs)
+
+
+def test_code_prompts_go_through_the_chat_template():
+    from specrepro.models import load_tokenizer
+
+    tok = load_tokenizer()
+    ex = data.code_examples()[0]
+    text = data.format_prompt(tok, "code", ex)
+    assert text.startswith("<|im_start|>") and ex["prompt"].rstrip() in text and text.endswith("<|im_start|>assistant\n")
+
+
+def test_extract_code_takes_the_first_fenced_block():
+    assert data.extract_code("Sure:\n```python\ndef f():\n    return 1\n```\nIt returns 1.") == "def f():\n    return 1\n"
+    assert data.extract_code("```\nx = 1\n```") == "x = 1\n"
+    assert data.extract_code("```python\ndef f():\n    return 1") == "def f():\n    return 1"  # cut before the fence closed
+    assert data.extract_code("    return 1\n") == "    return 1\n"  # no fence: the answer itself
+
+
+def test_pass_at_1_accepts_a_full_function_in_a_chat_answer():
+    ex = data.code_examples()[2]  # truncate_number
+    answer = ("```python\ndef truncate_number(number: float) -> float:\n    return number % 1.0\n```\n\n"
+              "This function returns the decimal part.")
+    assert data.passes_tests(ex, answer)
+    assert not data.passes_tests(ex, answer.replace("% 1.0", "// 1.0"))
 
 
 def test_pass_at_1_runs_the_tests():

@@ -5,6 +5,8 @@ Each test is a chi-squared goodness-of-fit test at a false-alarm rate of FALSE_A
 fails one with probability 1e-3 over seeds. Seeds are fixed, so the outcome is reproducible.
 """
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -55,6 +57,32 @@ def test_speculative_matches_exact_target(pair64, cfg, gamma, n_tokens):
     s = draw(lambda g: new_tokens(speculative_generate(target, draft, PROMPT, generator=g, **kw)), 1500, 11)
     result = gof(target, s, cfg)
     assert not result.rejects(FALSE_ALARM), result
+
+
+def test_variable_proposal_lengths_keep_the_distribution(pair64):
+    # a draft that proposes 0, 1 or 2 tokens depending on the sequence so far, as prompt lookup does
+    target, draft = pair64
+    variable = copy.deepcopy(draft)
+    variable.proposal_length = lambda tokens, gamma: min(gamma, sum(tokens) % 3)
+    kw = dict(gamma=2, max_new_tokens=3, temperature=1.0)
+    runs = []
+
+    def once(g):
+        r = speculative_generate(target, variable, PROMPT, generator=g, **kw)
+        runs.append(r.stats.proposed)
+        return new_tokens(r)
+
+    result = gof(target, draw(once, 1500, 13), T1)
+    assert not result.rejects(FALSE_ALARM), result
+    assert {g for p in runs for g in p} >= {0, 1, 2}  # every length was exercised
+
+
+def test_bad_proposal_length_is_refused(pair64):
+    target, draft = pair64
+    bad = copy.deepcopy(draft)
+    bad.proposal_length = lambda tokens, gamma: gamma + 1
+    with pytest.raises(ValueError, match="proposal_length returned 3"):
+        speculative_generate(target, bad, PROMPT, gamma=2, max_new_tokens=4, temperature=0)
 
 
 # ---- negative controls: known-bad samplers the same test must detect --------------------------------------

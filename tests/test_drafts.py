@@ -92,6 +92,24 @@ def test_prompt_lookup_proposes_the_continuation_of_the_latest_match():
     assert pl.predict([3, 1, 2]) == 2  # no match: repeat the last token
 
 
+def test_prompt_lookup_proposes_only_as_far_as_its_matches_reach():
+    pl = D.PromptLookupDraft(vocab_size=20, max_ngram=3)
+    # 1 2 3 | 9 -> "3 9" | 1 -> "9 1" | 2 -> "1 2" | 3 ...: every step finds a match
+    assert pl.proposal_length([1, 2, 3, 9, 1, 2, 3], 3) == 3
+    assert pl.proposal_length([3, 1, 2], 4) == 0  # nothing to copy: a plain decoding step
+    assert pl.proposal_length([5, 6, 5], 4) == 4  # "5" -> 6, "5 6" -> 5, ...
+
+
+def test_prompt_lookup_skips_speculation_without_a_match():
+    target = tiny_target(16, seed=3)
+    draft = D.PromptLookupDraft(vocab_size=16, max_ngram=2)
+    x = torch.tensor([[1, 2, 3, 4, 5, 6, 7]])  # no repeated token: the first iteration cannot propose
+    r = speculative_generate(target, draft, x, gamma=3, max_new_tokens=12, temperature=0)
+    assert r.stats.proposed[0] == 0 and r.stats.target_forwards[0][0] == 7  # prefill + pending, no drafts
+    assert len(r.stats.proposed) == r.stats.target_calls
+    assert sum(n for n, _ in r.stats.draft_forwards) <= sum(r.stats.proposed) + r.sequences.shape[1]
+
+
 def test_prompt_lookup_draft_in_speculative_decoding_is_exact_greedy():
     target = tiny_target(16, seed=3)
     draft = D.PromptLookupDraft(vocab_size=16, max_ngram=2)

@@ -65,3 +65,16 @@ def test_measured_walltime_reduces_to_thm_3_8():
 def test_bad_inputs(bad):
     with pytest.raises(ValueError):
         theory.expected_tokens(**bad)
+
+
+def test_variable_lengths_model_reduces_to_the_fixed_one_and_counts_plain_steps():
+    fixed = theory.walltime_improvement_measured(0.7, 3, t_target=1.0, t_draft=0.1, t_verify=1.2, t_overhead=0.05)
+    t_verify = [1.0, 1.1, 1.15, 1.2]
+    same = theory.walltime_improvement_lengths(0.7, [3, 3], t_target=1.0, t_draft=0.1, t_verify=t_verify,
+                                               t_overhead=0.05)
+    assert math.isclose(same, fixed)
+    # iterations without a proposal are plain decoding steps: all-zero lengths give the autoregressive speed
+    assert math.isclose(theory.walltime_improvement_lengths(0.7, [0, 0], t_target=1.0, t_draft=0.1,
+                                                            t_verify=t_verify), 1.0)
+    with pytest.raises(ValueError, match="lengths"):
+        theory.walltime_improvement_lengths(0.7, [], t_target=1.0, t_draft=0.1, t_verify=t_verify)

@@ -36,15 +36,17 @@ def target_continuations(target, tokenizer, task: str, *, n_prompts: int, n_toke
 
     Returns [{"task_id", "prompt_ids": (1, L) long, "new_ids": (1, n) long}]. Stops at EOS.
     """
-    key = hashlib.sha256(json.dumps([task, n_prompts, n_tokens, temperature, seed, target_id]).encode()
+    examples = eval_prompts(task, n_prompts, seed)
+    texts = [format_prompt(tokenizer, task, ex) for ex in examples]  # the key changes with the prompt format
+    key = hashlib.sha256(json.dumps([task, n_prompts, n_tokens, temperature, seed, target_id, texts]).encode()
                          ).hexdigest()[:16]
     path = CACHE_DIR / "continuations" / f"{task}-{key}.pt"
     if cache and target_id and path.exists():
         return torch.load(path)
     g = torch.Generator().manual_seed(seed)
     out = []
-    for ex in eval_prompts(task, n_prompts, seed):
-        ids = tokenizer(format_prompt(tokenizer, task, ex), return_tensors="pt").input_ids
+    for ex, text in zip(examples, texts):
+        ids = tokenizer(text, return_tensors="pt").input_ids
         r = autoregressive_generate(target, ids, max_new_tokens=n_tokens, temperature=temperature,
                                     eos_token_id=tokenizer.eos_token_id, generator=g)
         out.append(dict(task_id=ex["task_id"], prompt_ids=ids, new_ids=r.sequences[:, ids.shape[1]:]))

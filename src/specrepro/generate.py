@@ -212,6 +212,12 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int, 
 
     The last iteration proposes only as many drafts as tokens remain (minus the one the target adds), and the
     run stops right after an EOS token even in the middle of an accepted block.
+
+    A draft may propose fewer than gamma tokens by defining `proposal_length(tokens: list[int], gamma: int) ->
+    int`, called once per iteration with the sequence so far (the prompt-lookup draft returns how far its n-gram
+    match reaches, 0 when nothing matches: that iteration is one plain decoding step). The length must depend on
+    the sequence so far only, never on the target's randomness; then the output distribution is unchanged, since
+    every token is still accepted or replaced by the same rule.
     """
     cfg = SamplingConfig(temperature, top_k, top_p)
     if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
@@ -220,6 +226,12 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int, 
     check_same_vocab(target, draft)
     return _speculative_loop(target, draft, input_ids, gamma=gamma, max_new_tokens=max_new_tokens,
                              target_cfg=cfg, draft_cfg=cfg, eos=_eos_set(eos_token_id), generator=generator)
+
+
+def _checked_length(n, gamma: int) -> int:
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= gamma:
+        raise ValueError(f"the draft's proposal_length returned {n!r}; it must be an integer in [0, {gamma}]")
+    return n
 
 
 def _speculative_loop(target, draft, input_ids, *, gamma: int, max_new_tokens: int, target_cfg: SamplingConfig,
@@ -237,8 +249,11 @@ def _speculative_loop(target, draft, input_ids, *, gamma: int, max_new_tokens: i
     def uniforms(n: int) -> torch.Tensor:
         return torch.zeros(n, dtype=torch.float64) if greedy else uniform(generator, (n,)).cpu()
 
+    proposal_length = getattr(draft, "proposal_length", None)
     while stats.new_tokens < max_new_tokens:
         g = min(gamma, max_new_tokens - stats.new_tokens - 1)
+        if proposal_length is not None and g > 0:
+            g = _checked_length(proposal_length(seq[0].tolist(), g), g)
         start = seq.shape[1]
         # 1. the draft proposes g tokens, x_i ~ q_i, one forward each (the first also catches up on seq)
         draft_probs, drafted = [], seq

@@ -59,3 +59,20 @@ def walltime_improvement_measured(alpha: float, gamma: int, *, t_target: float, 
         raise ValueError("times must be >= 0 and t_target > 0")
     return expected_tokens(alpha, gamma) * t_target / (gamma * t_draft + t_verify + t_overhead)
 
+
+
+def walltime_improvement_lengths(alpha: float, lengths, *, t_target: float, t_draft: float, t_verify,
+                                 t_overhead: float = 0.0) -> float:
+    """`walltime_improvement_measured` for drafts that propose a varying number of tokens per iteration (prompt
+    lookup proposes as far as its match reaches, 0 without one). `lengths` are the iterations' proposal lengths
+    g_i as they happened; `t_verify[g]` is the time of a target forward of g+1 tokens. Expected tokens
+    sum_i expected_tokens(alpha, g_i) (1 for g_i = 0: a plain decoding step) over expected time
+    sum_i (g_i t_draft + t_verify[g_i] + t_overhead), against t_target per token."""
+    lengths = list(lengths)
+    if not lengths or any(not isinstance(g, int) or g < 0 for g in lengths):
+        raise ValueError("lengths must be a non-empty list of integers >= 0")
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    tokens = sum(1.0 if g == 0 else expected_tokens(alpha, g) for g in lengths)
+    seconds = sum(g * t_draft + t_verify[g] + t_overhead for g in lengths)
+    return tokens * t_target / seconds
