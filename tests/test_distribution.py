@@ -77,6 +77,17 @@ def test_variable_proposal_lengths_keep_the_distribution(pair64):
     assert {g for p in runs for g in p} >= {0, 1, 2}  # every length was exercised
 
 
+def test_lookup_hybrid_draft_keeps_the_distribution(pair64):
+    from specrepro.drafts import LookupHybridDraft
+
+    target, draft = pair64
+    hybrid = LookupHybridDraft(draft, max_ngram=2, min_ngram=1)  # one-hot copies mixed with the draft's own q
+    kw = dict(gamma=2, max_new_tokens=3, temperature=1.0)
+    s = draw(lambda g: new_tokens(speculative_generate(target, hybrid, PROMPT, generator=g, **kw)), 1500, 17)
+    result = gof(target, s, T1)
+    assert not result.rejects(FALSE_ALARM), result
+
+
 def test_bad_proposal_length_is_refused(pair64):
     target, draft = pair64
     bad = copy.deepcopy(draft)

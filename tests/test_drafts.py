@@ -122,6 +122,30 @@ def test_prompt_lookup_draft_in_speculative_decoding_is_exact_greedy():
     assert sampled.stats.new_tokens == 30
 
 
+def test_lookup_hybrid_copies_on_long_matches_and_predicts_otherwise():
+    target, small = tiny_target(16, seed=3), tiny_target(16, seed=4, layers=1)
+    hybrid = D.LookupHybridDraft(small, max_ngram=3, min_ngram=2)
+    seq = [1, 2, 3, 9, 1, 2]  # tail "1 2" occurred before: copy 3
+    with torch.no_grad():
+        q = hybrid(torch.tensor([seq]), logits_to_keep=2).logits[0]  # positions ending in "... 1" and "... 1 2"
+        own = small(torch.tensor([seq])).logits[0, -2:]
+    assert torch.allclose(q[0], own[0])  # "9 1": no 2-gram match, the small draft's logits
+    assert q[1].argmax() == 3 and torch.isinf(q[1]).sum() == 15  # one-hot on the copied token
+    x = torch.tensor([[1, 2, 3, 1, 2, 3, 1, 2]])
+    ref = autoregressive_generate(target, x, max_new_tokens=20, temperature=0)
+    got = speculative_generate(target, hybrid, x, gamma=3, max_new_tokens=20, temperature=0)
+    assert torch.equal(got.sequences, ref.sequences)
+
+
+def test_lookup_hybrid_round_trips_as_a_manifest(cut_draft, tmp_path):
+    cut, kept, tokens = cut_draft
+    D.save_small(tmp_path / "small", cut, kept, {"name": "small"})
+    D.save_lookup_hybrid(tmp_path / "hyb", "small", 4, 2, {"name": "hyb"})
+    loaded = D.load_shipped(tmp_path / "hyb")
+    assert isinstance(loaded, D.LookupHybridDraft) and loaded.lookup.config.min_ngram == 2
+    assert loaded.get_output_embeddings().weight.shape[0] == D.TARGET_VOCAB
+
+
 SHIPPED = sorted(p.parent.name for p in MODELS_DIR.glob("*/manifest.json"))
 
 

@@ -51,6 +51,9 @@ def hf_generate(target, input_ids, *, max_new_tokens: int, temperature: float = 
         kw["max_matching_ngram_size"] = assistant.config.max_ngram
         assistant = None
     if assistant is not None:
+        if not hf_supports(assistant):
+            raise TypeError(f"transformers' assisted generation takes a transformers model as assistant_model; a "
+                            f"{type(assistant).__name__} has no transformers equivalent: leave out the hf_* methods")
         saved = assistant.generation_config
         cfg = GenerationConfig()  # transformers' defaults
         if gamma is not None:
@@ -69,6 +72,16 @@ def hf_generate(target, input_ids, *, max_new_tokens: int, temperature: float = 
         if assistant is not None:
             assistant.generation_config = saved
     return out.cpu()
+
+
+def hf_supports(draft) -> bool:
+    """Whether transformers' generate() can run `draft`: a transformers model as assistant_model, or our
+    prompt-lookup draft as its prompt lookup decoding."""
+    from transformers import PreTrainedModel
+
+    from .drafts import PromptLookupDraft
+
+    return isinstance(draft, (PreTrainedModel, PromptLookupDraft))
 
 
 @dataclass
@@ -193,6 +206,7 @@ def draft_ms_per_token(draft, prompt: torch.Tensor, n: int = 16, repeats: int = 
 def main(argv: list[str] | None = None) -> int:
     from .acceptance import eval_prompts
     from .data import format_prompt
+    from .kernels import use_small_row_matmul
     from .models import load_draft, load_target, load_tokenizer
 
     ap = argparse.ArgumentParser(prog="python -m specrepro.bench", description=__doc__,
@@ -210,14 +224,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     ap.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
+    ap.add_argument("--stock-matmul", action="store_true",
+                    help="keep nn.Linear as it is (default: specrepro.kernels.SmallRowLinear for few rows on CPU)")
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     target = load_target(args.target, dtype=dtype, device=args.device)
     draft = load_draft(args.draft, dtype=dtype, device=args.device)
+    if not args.stock_matmul:
+        use_small_row_matmul(target)
+        use_small_row_matmul(draft)
     tok = load_tokenizer(args.target)
     prompts = [tok(format_prompt(tok, args.task, ex), return_tensors="pt").input_ids
                for ex in eval_prompts(args.task, args.prompts)]
-    hf_ok = not args.no_hf
+    hf_ok = not args.no_hf and hf_supports(draft)
     methods = METHODS if hf_ok else METHODS[:2]
     runs = run_bench(target, draft, prompts, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

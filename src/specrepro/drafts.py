@@ -125,6 +125,10 @@ def load_shipped(folder: Path, dtype: torch.dtype = torch.float32, target=None):
     kind = manifest["kind"]
     if kind == "prompt_lookup":
         return PromptLookupDraft(**manifest["config"])
+    if kind == "lookup_hybrid":
+        cfg = manifest["config"]
+        inner = load_shipped(Path(folder).parent / cfg["model"], dtype=dtype, target=target)
+        return LookupHybridDraft(inner, max_ngram=cfg["max_ngram"], min_ngram=cfg["min_ngram"])
     from safetensors.torch import load_file
 
     state = load_file(Path(folder) / "weights.safetensors")
@@ -204,6 +208,7 @@ class _TokenCache:
 class _LookupConfig:
     vocab_size: int = TARGET_VOCAB
     max_ngram: int = 3
+    min_ngram: int = 1
 
 
 class PromptLookupDraft(nn.Module):
@@ -213,9 +218,11 @@ class PromptLookupDraft(nn.Module):
     decoding does. No parameters to speak of (one scalar, so that `.parameters()` names a device); its cost is a
     few list scans."""
 
-    def __init__(self, vocab_size: int = TARGET_VOCAB, max_ngram: int = 3):
+    def __init__(self, vocab_size: int = TARGET_VOCAB, max_ngram: int = 3, min_ngram: int = 1):
         super().__init__()
-        self.config = _LookupConfig(vocab_size, max_ngram)
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
+        self.config = _LookupConfig(vocab_size, max_ngram, min_ngram)
         self._device_anchor = nn.Parameter(torch.zeros(()), requires_grad=False)
 
     def make_cache(self) -> _TokenCache:
@@ -225,8 +232,9 @@ class PromptLookupDraft(nn.Module):
         return None
 
     def match(self, tokens: list[int]) -> int | None:
-        """The token after the latest earlier occurrence of the longest matching tail n-gram, or None."""
-        for n in range(min(self.config.max_ngram, len(tokens) - 1), 0, -1):
+        """The token after the latest earlier occurrence of the longest matching tail n-gram (n from max_ngram
+        down to min_ngram), or None."""
+        for n in range(min(self.config.max_ngram, len(tokens) - 1), self.config.min_ngram - 1, -1):
             tail = tokens[-n:]
             for start in range(len(tokens) - n - 1, -1, -1):
                 if tokens[start:start + n] == tail:
@@ -267,11 +275,77 @@ class _Out:
     logits: torch.Tensor
 
 
-def save_prompt_lookup(folder: Path, max_ngram: int, manifest: dict) -> None:
+def save_prompt_lookup(folder: Path, max_ngram: int, manifest: dict, min_ngram: int = 1) -> None:
     tmp = tmp_path(folder)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    cfg = asdict(_LookupConfig(TARGET_VOCAB, max_ngram))
+    cfg = asdict(_LookupConfig(TARGET_VOCAB, max_ngram, min_ngram))
     (tmp / "manifest.json").write_text(json.dumps(manifest | {"kind": "prompt_lookup", "config": cfg}, indent=2,
+                                                  sort_keys=True) + "\n")
+    replace_dir(tmp, folder)
+
+
+# ---- lookup first, a small draft otherwise --------------------------------------------------------------------
+
+
+class _HybridCache(_TokenCache):
+    """The tokens seen (for the lookup) and the inner model's KV cache, which may lag behind them."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def crop(self, tokens_to_remove: int) -> None:
+        super().crop(tokens_to_remove)
+        if self.inner.get_seq_length() > len(self.tokens):
+            self.inner.crop(len(self.tokens) - self.inner.get_seq_length())
+
+
+class LookupHybridDraft(nn.Module):
+    """Copy when the text repeats, predict otherwise: q is one-hot on the prompt-lookup continuation when the
+    sequence's last `min_ngram`..`max_ngram` tokens occurred before (long matches are right most of the time: the
+    target copies signatures and docstrings from its prompt), and the small draft's own q elsewhere. Like any
+    draft, q depends on the prefix only, so speculative sampling stays exact. The small draft runs on every call,
+    so the hybrid costs what the small draft costs."""
+
+    def __init__(self, model, max_ngram: int = 3, min_ngram: int = 3):
+        super().__init__()
+        self.model = model
+        self.lookup = PromptLookupDraft(model.config.vocab_size, max_ngram, min_ngram)
+        self.config = model.config
+
+    def get_output_embeddings(self):
+        return self.model.get_output_embeddings()
+
+    def make_cache(self) -> _HybridCache:
+        from transformers import DynamicCache
+
+        return _HybridCache(DynamicCache(config=self.model.config))
+
+    def forward(self, input_ids: torch.Tensor, cache: _HybridCache | None = None, logits_to_keep: int = 1, **_):
+        from .generate import _cache_kwarg
+
+        if input_ids.shape[0] != 1:
+            raise NotImplementedError("the lookup hybrid decodes one sequence at a time")
+        cache = cache if cache is not None else self.make_cache()
+        cache.tokens += input_ids[0].tolist()
+        lag = torch.tensor([cache.tokens[cache.inner.get_seq_length():]], device=input_ids.device)
+        logits = self.model(input_ids=lag, use_cache=True, logits_to_keep=logits_to_keep,
+                            **{_cache_kwarg(self.model): cache.inner}).logits[:, -logits_to_keep:].clone()
+        for j in range(logits_to_keep):
+            found = self.lookup.match(cache.tokens[:len(cache.tokens) - logits_to_keep + j + 1])
+            if found is not None:
+                logits[0, j] = -math.inf
+                logits[0, j, found] = 0.0
+        return _Out(logits)
+
+
+def save_lookup_hybrid(folder: Path, model_name: str, max_ngram: int, min_ngram: int, manifest: dict) -> None:
+    """A hybrid is a manifest naming its small draft (a sibling folder) and the lookup's n-gram range."""
+    tmp = tmp_path(folder)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    cfg = dict(model=model_name, max_ngram=max_ngram, min_ngram=min_ngram)
+    (tmp / "manifest.json").write_text(json.dumps(manifest | {"kind": "lookup_hybrid", "config": cfg}, indent=2,
                                                   sort_keys=True) + "\n")
     replace_dir(tmp, folder)

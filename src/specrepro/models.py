@@ -148,7 +148,7 @@ def load_draft(name: str, *, dtype: torch.dtype = torch.float32, device: str | t
         return load_target(dtype=dtype, device=device)
     if Path(name).exists() or "/" in name:
         return load_target(name, dtype=dtype, device=device)
-    shipped = sorted(p.name for p in MODELS_DIR.glob("*/manifest.json"))
+    shipped = sorted(p.parent.name for p in MODELS_DIR.glob("*/manifest.json"))
     raise ModelFilesMissing(f"no draft named {name!r}: shipped drafts are {shipped}; or pass a Hugging Face id or "
                             "a local folder")
 
