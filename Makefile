@@ -39,7 +39,7 @@ reproduce: $(OUTPUTS)
 outputs/%/metrics.json: notebooks/%.ipynb $(SRC) $(STAMP)
 	$(PY) -m specrepro.pipeline $<
 
-## Retrain the draft family by distillation from the target (~1 hour on 2 CPU cores), then evaluate it
+## Retrain the draft family by distillation from the target (~75 minutes on 2 CPU cores), then evaluate it
 drafts: $(STAMP)
 	$(PY) -m specrepro.pipeline notebooks/00-train-drafts.ipynb -p train_drafts=true
 
