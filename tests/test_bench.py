@@ -73,3 +73,10 @@ def test_prompt_lookup_maps_to_transformers_prompt_lookup_decoding():
     for gamma in (None, 3):
         assert torch.equal(bench.hf_generate(target, x, max_new_tokens=15, assistant=PromptLookupDraft(16, 2),
                                              gamma=gamma), ref)
+
+
+def test_prediction_in_decode_steps_scales_the_verification_by_the_run_step():
+    got = bench.predicted_speedup_in_steps(0.8, 2, ar_ms_per_token=50, draft_ms_per_token=5, verify_steps=[1.0, 1.1, 1.2],
+                                           lengths=[2, 0])
+    tokens, ms = theory.expected_tokens(0.8, 2) + 1, (2 * 5 + 1.2 * 50) + 50
+    assert got == pytest.approx(tokens * 50 / ms)

@@ -183,6 +183,16 @@ def predicted_speedup(alpha: float, gamma: int, *, ar_ms_per_token: float, draft
                                                t_overhead=overhead)
 
 
+def predicted_speedup_in_steps(alpha: float, gamma: int, *, ar_ms_per_token: float, draft_ms_per_token: float,
+                               verify_steps: list[float], lengths: list[int]) -> float:
+    """`predicted_speedup` with the verification cost given as a ratio: verify_steps[g] decode steps for a forward
+    of g+1 tokens (measured side by side), times the decode step timed in the runs themselves, so that machine
+    drift between the cost measurement and the runs cancels."""
+    return predicted_speedup(alpha, gamma, ar_ms_per_token=ar_ms_per_token, draft_ms_per_token=draft_ms_per_token,
+                             forward_ms_1=ar_ms_per_token, forward_ms_verify=[ar_ms_per_token * r for r in verify_steps],
+                             lengths=lengths)
+
+
 def verify_ms(target, context: int, gamma: int, device=None) -> list[float]:
     """Milliseconds of one target forward of g+1 tokens after `context` cached ones, for g = 0..gamma."""
     return [1e3 * forward_seconds(target, context, g + 1, device=device) for g in range(gamma + 1)]
