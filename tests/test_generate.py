@@ -77,6 +77,19 @@ def test_stats_account_for_every_forward(pair64):
     assert 0 <= s.alpha <= 1 and s.tokens_per_iteration == 20 / s.iterations
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_stats_time_every_iteration(pair64, temperature):
+    target, draft = pair64
+    sample = dict(max_new_tokens=12, temperature=temperature, generator=torch.Generator().manual_seed(2))
+    s = speculative_generate(target, draft, PROMPTS[1], gamma=3, **sample).stats
+    a = autoregressive_generate(target, PROMPTS[1], **sample).stats
+    assert len(s.iteration_seconds) == len(s.draft_seconds) == len(s.target_seconds) == s.iterations
+    assert len(a.iteration_seconds) == len(a.target_seconds) == a.new_tokens and set(a.draft_seconds) == {0.0}
+    for it, d, t in zip(s.iteration_seconds + a.iteration_seconds, s.draft_seconds + a.draft_seconds,
+                        s.target_seconds + a.target_seconds):
+        assert 0 <= d and 0 < t and d + t <= it
+
+
 def test_same_generator_seed_same_output_and_global_rng_untouched(pair64):
     target, draft = pair64
     state = torch.random.get_rng_state()

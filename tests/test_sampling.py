@@ -7,7 +7,7 @@ import torch
 from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
                                                     TopPLogitsWarper)
 
-from specrepro.sampling import (SamplingConfig, check_logits, probs_from_logits, sample_from,
+from specrepro.sampling import (SamplingConfig, check_logits, greedy_accept, probs_from_logits, sample_from,
                                 speculative_accept, warp_logits)
 
 
@@ -140,6 +140,24 @@ def test_acceptance_rule_greedy_one_hots():
     assert (n.item(), token.item()) == (2, 1)  # third draft rejected, replaced by the target's argmax
     n, token = speculative_accept(p, q, torch.tensor([[2, 4, 1]]), torch.zeros(1, 3), torch.zeros(1))
     assert (n.item(), token.item()) == (3, 0)  # all accepted: bonus token is the target's next argmax
+
+
+def test_greedy_accept_equals_the_rule_on_one_hots():
+    # every draft block over a 3-token vocabulary against random target argmaxes, batched, any uniforms
+    g = torch.Generator().manual_seed(0)
+    V, gamma = 3, 3
+    x = torch.cartesian_prod(*[torch.arange(V)] * gamma)  # (27, gamma): all draft blocks
+    B = x.shape[0]
+    for _ in range(20):
+        target_argmax = torch.randint(V, (B, gamma + 1), generator=g)
+        p = torch.nn.functional.one_hot(target_argmax, V).double()
+        q = torch.nn.functional.one_hot(x, V).double()
+        u, r = torch.rand(B, gamma, generator=g), torch.rand(B, generator=g)
+        n_ref, tok_ref = speculative_accept(p, q, x, u, r)
+        n, tok = greedy_accept(target_argmax, x)
+        assert torch.equal(n, n_ref) and torch.equal(tok, tok_ref)
+    n, tok = greedy_accept(torch.tensor([[5, 6]]), torch.tensor([[5]]))
+    assert (n.item(), tok.item()) == (1, 6)
 
 
 def test_acceptance_rule_is_batched_and_pure():

@@ -17,18 +17,29 @@ uniform per token. Greedy decoding (temperature 0) draws none.
 from __future__ import annotations
 
 import inspect
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 import torch
 from transformers import DynamicCache
 
-from .sampling import SamplingConfig, check_logits, probs_from_logits, sample_from, speculative_accept
+from .sampling import (SamplingConfig, check_logits, greedy_accept, probs_from_logits, sample_from,
+                       speculative_accept)
 
 
 @dataclass
 class GenerationStats:
-    """What a generation did, as data. Each forward is recorded as (new_tokens, cache_len_before)."""
+    """What a generation did, as data. Each forward is recorded as (new_tokens, cache_len_before).
+
+    Wall-clock times are recorded per iteration (per token for autoregressive decoding), in seconds:
+    `iteration_seconds` the whole iteration, `draft_seconds` the draft's part (its proposal_length, forwards and
+    draws; 0 for autoregressive decoding), `target_seconds` the target's part: its forward and the work on its
+    logits up to the new token(s) (argmax, or p, the acceptance rule and the draw). The rest of an iteration is
+    the loop's bookkeeping: appending and cache rollback. On a GPU each stamp follows a host sync the loop makes
+    anyway (the checks on the logits, moving tokens to the CPU), so it includes the device work before it.
+    Iteration 0 includes the prompt's prefill.
+    """
 
     prompt_len: int
     new_tokens: int = 0
@@ -36,6 +47,9 @@ class GenerationStats:
     draft_forwards: list[tuple[int, int]] = field(default_factory=list)
     proposed: list[int] = field(default_factory=list)  # draft tokens proposed per iteration (gamma, or fewer at the end)
     accepted: list[int] = field(default_factory=list)  # draft tokens accepted per iteration
+    iteration_seconds: list[float] = field(default_factory=list)
+    draft_seconds: list[float] = field(default_factory=list)
+    target_seconds: list[float] = field(default_factory=list)
 
     @property
     def target_calls(self) -> int:
@@ -89,6 +103,10 @@ class GenerationResult:
 # checks
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _check_common(input_ids: torch.Tensor, max_new_tokens: int) -> None:
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
         raise ValueError("input_ids must be a (batch, length) LongTensor, e.g. tokenizer(text, return_tensors='pt')"
@@ -99,7 +117,7 @@ def _check_common(input_ids: torch.Tensor, max_new_tokens: int) -> None:
     if input_ids.shape[0] != 1:
         raise NotImplementedError(f"batch size {input_ids.shape[0]}: these loops decode one sequence at a time; "
                                   "loop over the rows or pass input_ids[i:i+1]")
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+    if not _is_int(max_new_tokens) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
 
 
@@ -187,13 +205,22 @@ def autoregressive_generate(model, input_ids: torch.Tensor, *, max_new_tokens: i
     stats = GenerationStats(prompt_len=input_ids.shape[1])
     dec = _Decoder(model, "target", stats.target_forwards)
     seq = input_ids.cpu()
+    clock = time.perf_counter
     while stats.new_tokens < max_new_tokens:
-        target_probs = probs_from_logits(dec.logits_for(seq, 1)[:, -1], cfg)  # (B, V)
-        u = torch.zeros(1, dtype=torch.float64) if cfg.greedy else _uniform(generator, (1,))
-        token = sample_from(target_probs, u.to(target_probs.device)).cpu()  # (B,)
+        t0 = clock()
+        logits = dec.logits_for(seq, 1)[:, -1]  # (B, V)
+        if cfg.greedy:
+            token = logits.argmax(-1).cpu()  # (B,)
+        else:
+            target_probs = probs_from_logits(logits, cfg)  # (B, V)
+            token = sample_from(target_probs, _uniform(generator, (1,)).to(target_probs.device)).cpu()  # (B,)
+        t_target = clock() - t0
         seq = torch.cat([seq, token[:, None]], dim=1)
         dec.rollback(seq.shape[1] - 1)
         stats.new_tokens += 1
+        stats.iteration_seconds.append(clock() - t0)
+        stats.draft_seconds.append(0.0)
+        stats.target_seconds.append(t_target)
         if int(token) in eos:
             break
     return GenerationResult(seq, stats)
@@ -220,7 +247,7 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int, 
     every token is still accepted or replaced by the same rule.
     """
     cfg = SamplingConfig(temperature, top_k, top_p)
-    if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
+    if not _is_int(gamma) or gamma < 1:
         raise ValueError(f"gamma (draft tokens per iteration) must be an integer >= 1, got {gamma!r}")
     _check_common(input_ids, max_new_tokens)
     check_same_vocab(target, draft)
@@ -229,7 +256,7 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int, 
 
 
 def _checked_length(n, gamma: int) -> int:
-    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= gamma:
+    if not _is_int(n) or not 0 <= n <= gamma:
         raise ValueError(f"the draft's proposal_length returned {n!r}; it must be an integer in [0, {gamma}]")
     return n
 
@@ -239,18 +266,22 @@ def _speculative_loop(target, draft, input_ids, *, gamma: int, max_new_tokens: i
                       propose: Callable = sample_from, accept: Callable = speculative_accept,
                       uniform: Callable = _uniform) -> GenerationResult:
     """The loop behind `speculative_generate`. `propose`, `accept`, `uniform` and the two configs are
-    parameters only so that the tests can plant known bugs in it (negative controls); do not use them."""
-    greedy = target_cfg.greedy
+    parameters only so that the tests can plant known bugs in it (negative controls); do not use them. The three
+    hooks act on the sampling path: greedy decoding (both configs at temperature 0) takes argmaxes and
+    `greedy_accept`, which equals `speculative_accept` on one-hot distributions."""
+    greedy = target_cfg.greedy and draft_cfg.greedy
     stats = GenerationStats(prompt_len=input_ids.shape[1])
     tgt = _Decoder(target, "target", stats.target_forwards)
     drf = _Decoder(draft, "draft", stats.draft_forwards)
     seq = input_ids.cpu()  # (1, L); the last token is pending: in no cache yet
 
     def uniforms(n: int) -> torch.Tensor:
-        return torch.zeros(n, dtype=torch.float64) if greedy else uniform(generator, (n,)).cpu()
+        return uniform(generator, (n,)).cpu()
 
     proposal_length = getattr(draft, "proposal_length", None)
+    clock = time.perf_counter
     while stats.new_tokens < max_new_tokens:
+        t0 = clock()
         g = min(gamma, max_new_tokens - stats.new_tokens - 1)
         if proposal_length is not None and g > 0:
             g = _checked_length(proposal_length(seq[0].tolist(), g), g)
@@ -258,19 +289,30 @@ def _speculative_loop(target, draft, input_ids, *, gamma: int, max_new_tokens: i
         # 1. the draft proposes g tokens, x_i ~ q_i, one forward each (the first also catches up on seq)
         draft_probs, drafted = [], seq
         for _ in range(g):
-            q_i = probs_from_logits(drf.logits_for(drafted, 1)[:, -1], draft_cfg)  # (1, V)
-            x_i = propose(q_i, uniforms(1).to(q_i.device)).cpu()  # (1,)
-            draft_probs.append(q_i)
+            logits = drf.logits_for(drafted, 1)[:, -1]  # (1, V)
+            if greedy:
+                x_i = logits.argmax(-1).cpu()  # (1,): q_i is one-hot there
+            else:
+                q_i = probs_from_logits(logits, draft_cfg)  # (1, V)
+                x_i = propose(q_i, uniforms(1).to(q_i.device)).cpu()  # (1,)
+                draft_probs.append(q_i)
             drafted = torch.cat([drafted, x_i[:, None]], dim=1)
         x = drafted[:, start:]  # (1, g)
+        t1 = clock()
         # 2. the target scores the pending token and the g drafts in one forward: p_1 .. p_{g+1}
-        target_probs = probs_from_logits(tgt.logits_for(drafted, g + 1), target_cfg)  # (1, g+1, V)
-        q = (torch.stack(draft_probs, dim=1).to(target_probs.device) if g else
-             target_probs.new_zeros(1, 0, target_probs.shape[-1]))  # (1, g, V)
-        # 3. accept a prefix of the drafts and draw the replacement (or bonus) token
-        u = uniforms(g + 1).to(target_probs.device)
-        n, token = accept(target_probs, q, x.to(target_probs.device), u[None, :g], u[g:])
+        logits = tgt.logits_for(drafted, g + 1)  # (1, g+1, V)
+        if greedy:
+            # 3. (greedy) accept the drafts that equal the target's argmax; then the target's own token
+            n, token = greedy_accept(logits.argmax(-1), x.to(logits.device))
+        else:
+            target_probs = probs_from_logits(logits, target_cfg)  # (1, g+1, V)
+            q = (torch.stack(draft_probs, dim=1).to(target_probs.device) if g else
+                 target_probs.new_zeros(1, 0, target_probs.shape[-1]))  # (1, g, V)
+            # 3. accept a prefix of the drafts and draw the replacement (or bonus) token
+            u = uniforms(g + 1).to(target_probs.device)
+            n, token = accept(target_probs, q, x.to(target_probs.device), u[None, :g], u[g:])
         n = int(n[0])
+        t2 = clock()
         stats.proposed.append(g)
         stats.accepted.append(n)
         new = torch.cat([x[0, :n], token.cpu()])  # (n+1,)
@@ -282,6 +324,9 @@ def _speculative_loop(target, draft, input_ids, *, gamma: int, max_new_tokens: i
         # 4. roll both caches back to everything but the new pending token; rejected drafts leave no trace
         tgt.rollback(seq.shape[1] - 1)
         drf.rollback(seq.shape[1] - 1)
+        stats.iteration_seconds.append(clock() - t0)
+        stats.draft_seconds.append(t1 - t0)
+        stats.target_seconds.append(t2 - t1)
         if hit:
             break
     return GenerationResult(seq, stats)

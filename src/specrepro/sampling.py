@@ -56,9 +56,11 @@ class SamplingConfig:
 
 
 def check_logits(logits: torch.Tensor, who: str) -> None:
-    """Raise if a model produced NaN or +inf logits, or a row with no finite logit at all."""
-    bad = torch.isnan(logits).any() | torch.isposinf(logits).any() | torch.isneginf(logits).all(-1).any()
-    if bool(bad):
+    """Raise if a model produced NaN or +inf logits, or a row with no finite logit at all.
+
+    One reduction: a row's max is NaN if the row holds a NaN, +inf if it holds +inf, -inf if every entry is -inf,
+    and finite otherwise (-inf entries beside finite ones are fine: masked tokens, one-hot drafts)."""
+    if not bool(torch.isfinite(logits.amax(-1)).all()):
         raise FloatingPointError(
             f"the {who} model returned NaN or infinite logits. This is usually an overflow in float16 or a "
             f"corrupted checkpoint: load the {who} in float32 or bfloat16 (dtype=...) and check its weights.")
@@ -138,3 +140,21 @@ def speculative_accept(
     empty = residual.sum(-1, keepdim=True) <= 0
     residual = torch.where(empty, p_n, residual)
     return n, sample_from(residual, u_residual)
+
+
+def greedy_accept(target_argmax: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`speculative_accept` at temperature 0, from the argmaxes alone.
+
+    With p and q one-hot (greedy warping), x_i is accepted exactly when it is the target's argmax, and the
+    replacement or bonus token is the target's argmax where the run of acceptances stops: the same n and token as
+    `speculative_accept(onehot(p), onehot(q), x, u, u')` for any uniforms, without building (gamma+1) x V
+    distributions.
+
+    Args:
+        target_argmax: (B, gamma+1) long, the target's argmax at the pending position and after each draft token.
+        x: (B, gamma) long, draft tokens.
+    Returns: n (B,) and token (B,) as `speculative_accept`.
+    """
+    gamma = x.shape[1]
+    n = (x == target_argmax[:, :gamma]).long().cumprod(-1).sum(-1)  # (B,)
+    return n, target_argmax.gather(1, n[:, None]).squeeze(1)
