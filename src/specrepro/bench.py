@@ -4,15 +4,17 @@
     make bench ARGS="--temperature 0.8 --top-p 0.95"
 
 Every method decodes the same prompts with the same sampling settings, interleaved (A, B, C, A, B, C, ...), so
-machine-load drift hits all alike; speedups are ratios of medians measured side by side. For each method it reports
-time to first token (a run of one new token) apart from the time per output token after it. It also prints the
-speedup the generalised walltime model (`theory.walltime_improvement_measured`) predicts from the measured alpha,
-the draft's and the target's time per token, and the measured cost of a verification forward of gamma+1 tokens.
+machine-load drift hits all alike; speedups are ratios of time per token pooled over the prompts, measured side by
+side. For each method it reports time to first token (a run of one new token) apart from the time per output token
+after it. It also prints the speedup the generalised walltime model (`theory.walltime_improvement_lengths`)
+predicts from the measured alpha and proposal lengths, twice: with every cost timed inside the runs
+(`iteration_costs`), and with the draft's speed and the verification forwards timed apart, before the runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from . import theory
-from .generate import autoregressive_generate, pooled_alpha, speculative_generate
+from .generate import GenerationStats, autoregressive_generate, pooled_alpha, speculative_generate
 from .timing import forward_seconds, synchronize
 
 METHODS = ("autoregressive", "speculative", "hf_assisted_fixed", "hf_assisted_default")
@@ -96,6 +98,7 @@ class Run:
     tokens_per_iteration: float | None = None
     proposed: list[int] | None = None  # draft tokens proposed per iteration (ours only)
     output: list[int] | None = None  # the generated token ids, for quality metrics
+    stats: "GenerationStats | None" = None  # ours only (autoregressive and speculative): forwards and in-run times
 
     @property
     def ms_per_token(self) -> float:
@@ -140,21 +143,29 @@ def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new
                 secs, out = _timed(lambda: call(m, ids, max_new_tokens, torch.Generator().manual_seed(seed + i)), device)
                 seq = out.sequences if hasattr(out, "sequences") else out
                 stats = getattr(out, "stats", None)
+                spec = stats is not None and bool(stats.proposed)
                 runs.append(Run(m, i, rep, secs, ttft, seq.shape[1] - ids.shape[1], output=seq[0, ids.shape[1]:].tolist(),
-                                                alpha=pooled_alpha([stats]) if stats is not None and stats.proposed else None,
-                                                tokens_per_iteration=(stats.tokens_per_iteration if stats is not None and stats.proposed
-                                                      else None),
-                                proposed=list(stats.proposed) if stats is not None and stats.proposed else None))
+                                alpha=pooled_alpha([stats]) if spec else None,
+                                tokens_per_iteration=stats.tokens_per_iteration if spec else None,
+                                proposed=list(stats.proposed) if spec else None, stats=stats))
     return runs
 
 
 def summarize(runs: list[Run]) -> dict[str, dict]:
-    """Per method: median ms/token, decode ms/token, TTFT, and speedup over autoregressive (ratio of medians)."""
-    out = {}
+    """Per method: time per output token pooled over the runs (total seconds / total tokens; `decode_` after the
+    first token, whose time is the TTFT, reported apart as a median), the (min, max) time per token over runs, and
+    the speedup over autoregressive as the ratio of pooled decode times, with the (min, max) of the per-run
+    ratios paired by prompt and repeat in `speedup_range`.
+
+    Pooled, not a median of per-prompt rates: the workload's time per token is what a user waits for, and it is
+    what the walltime model predicts (prompts differ a lot in how much they repeat themselves)."""
+    out, decode = {}, {}
     for m in dict.fromkeys(r.method for r in runs):
         rs = [r for r in runs if r.method == m]
-        out[m] = dict(ms_per_token=statistics.median(r.ms_per_token for r in rs),
-                      decode_ms_per_token=statistics.median(r.decode_ms_per_token for r in rs),
+        decode[m] = {(r.prompt, r.repeat): r.decode_ms_per_token for r in rs}
+        out[m] = dict(ms_per_token=1e3 * sum(r.seconds for r in rs) / sum(r.new_tokens for r in rs),
+                      decode_ms_per_token=(1e3 * sum(r.seconds - r.ttft_seconds for r in rs)
+                                           / sum(max(1, r.new_tokens - 1) for r in rs)),
                       ttft_ms=1e3 * statistics.median(r.ttft_seconds for r in rs),
                       spread_ms_per_token=(min(r.ms_per_token for r in rs), max(r.ms_per_token for r in rs)),
                       tokens=sum(r.new_tokens for r in rs), runs=len(rs))
@@ -162,7 +173,70 @@ def summarize(runs: list[Run]) -> dict[str, dict]:
         base = out["autoregressive"]["decode_ms_per_token"]
         for m in out:
             out[m]["speedup"] = base / out[m]["decode_ms_per_token"]
+            paired = [decode["autoregressive"][k] / v for k, v in decode[m].items() if k in decode["autoregressive"]]
+            out[m]["speedup_range"] = (min(paired), max(paired)) if paired else (math.nan, math.nan)
     return out
+
+
+@dataclass(frozen=True)
+class IterationCosts:
+    """Costs timed inside the runs (`GenerationStats` times), in ms, over every iteration but each run's first
+    (which includes the prompt's prefill).
+
+    step_ms: autoregressive decoding, mean time per token (the target's forward and the loop around it).
+    draft_ms: speculative decoding, the draft's time per proposed token (its forwards and proposal_length).
+    verify_ms[g]: mean time of the target's part of an iteration that verified g drafts (a forward of g+1 tokens
+        and the acceptance rule on its logits).
+    overhead_ms: mean time per iteration beyond the draft's and the target's parts (appending, cache rollback).
+    iterations[g]: how many iterations verified g drafts.
+    """
+
+    step_ms: float
+    draft_ms: float
+    verify_ms: dict[int, float]
+    overhead_ms: float
+    iterations: dict[int, int]
+
+    @property
+    def verify_steps(self) -> dict[int, float]:
+        """verify_ms[g] in decode steps."""
+        return {g: v / self.step_ms for g, v in self.verify_ms.items()}
+
+
+def iteration_costs(runs: list[Run]) -> IterationCosts:
+    """`IterationCosts` from the autoregressive and speculative runs of `run_bench`."""
+    ar = [r.stats for r in runs if r.method == "autoregressive" and r.stats is not None]
+    sp = [r.stats for r in runs if r.method == "speculative" and r.stats is not None]
+    steps = [t for s in ar for t in s.iteration_seconds[1:]]
+    iters = [(g, it, d, t) for s in sp for g, it, d, t in list(zip(s.proposed, s.iteration_seconds, s.draft_seconds,
+                                                                     s.target_seconds))[1:]]
+    if not steps or not iters:
+        raise ValueError("need autoregressive and speculative runs of more than one iteration each: run_bench with "
+                         "methods including both and max_new_tokens large enough")
+    by_g: dict[int, list[float]] = {}
+    for g, _, _, t in iters:
+        by_g.setdefault(g, []).append(t)
+    proposed = sum(g for g, *_ in iters)
+    return IterationCosts(step_ms=1e3 * statistics.mean(steps),
+                          draft_ms=1e3 * sum(d for _, _, d, _ in iters) / proposed if proposed else 0.0,
+                          verify_ms={g: 1e3 * statistics.mean(ts) for g, ts in sorted(by_g.items())},
+                          overhead_ms=1e3 * statistics.mean(it - d - t for _, it, d, t in iters),
+                          iterations={g: len(ts) for g, ts in sorted(by_g.items())})
+
+
+def predicted_speedup_in_run(runs: list[Run]) -> float:
+    """The generalised walltime model (`theory.walltime_improvement_lengths`) with the measured alpha of the
+    speculative runs, their proposal lengths, and every cost timed inside the runs (`iteration_costs`).
+
+    With the costs timed where they were spent, the model's one remaining assumption is Leviathan's Eq. 1: that
+    each draft token is accepted independently with probability alpha. Its error against the measured speedup
+    is the error of that assumption (plus how the EOS and max_new_tokens cut the last iteration)."""
+    costs = iteration_costs(runs)
+    sp = [r.stats for r in runs if r.method == "speculative" and r.stats is not None]
+    lengths = [g for s in sp for g in s.proposed[1:]]
+    return theory.walltime_improvement_lengths(min(pooled_alpha(sp), 1.0), lengths, t_target=costs.step_ms,
+                                               t_draft=costs.draft_ms, t_verify=costs.verify_ms,
+                                               t_overhead=costs.overhead_ms)
 
 
 def predicted_speedup(alpha: float, gamma: int, *, ar_ms_per_token: float, draft_ms_per_token: float,
@@ -252,19 +326,25 @@ def main(argv: list[str] | None = None) -> int:
                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                      eos_token_id=tok.eos_token_id, repeats=args.repeats, methods=methods, device=args.device)
     summary = summarize(runs)
-    alpha = statistics.mean(r.alpha for r in runs if r.alpha is not None)
+    alpha = pooled_alpha(r.stats for r in runs if r.method == "speculative")
     ctx = int(statistics.mean(p.shape[1] for p in prompts)) + args.max_new_tokens // 2
     verify = verify_ms(target, ctx, args.gamma, device=args.device)
-    pred = predicted_speedup(alpha, args.gamma, ar_ms_per_token=summary["autoregressive"]["decode_ms_per_token"],
-                             draft_ms_per_token=draft_ms_per_token(draft, prompts[0]), forward_ms_1=verify[0],
-                             forward_ms_verify=verify, lengths=proposal_lengths(runs))
+    apart = predicted_speedup(alpha, args.gamma, ar_ms_per_token=summary["autoregressive"]["decode_ms_per_token"],
+                              draft_ms_per_token=draft_ms_per_token(draft, prompts[0]), forward_ms_1=verify[0],
+                              forward_ms_verify=verify, lengths=proposal_lengths(runs))
+    costs = iteration_costs(runs)
     print(f"target {args.target}, draft {args.draft}, gamma {args.gamma}, T={args.temperature}, "
           f"{len(prompts)} {args.task} prompts x {args.repeats}, {torch.get_num_threads()} threads, {args.device}")
-    print(f"{'method':22s} {'ms/token':>9s} {'decode ms/tok':>14s} {'TTFT ms':>8s} {'speedup':>8s}")
+    print(f"{'method':22s} {'ms/token':>9s} {'decode ms/tok':>14s} {'TTFT ms':>8s} {'speedup':>8s} {'per prompt':>12s}")
     for m, s in summary.items():
+        lo, hi = s.get("speedup_range", (math.nan, math.nan))
         print(f"{m:22s} {s['ms_per_token']:9.1f} {s['decode_ms_per_token']:14.1f} {s['ttft_ms']:8.1f} "
-              f"{s.get('speedup', float('nan')):8.2f}")
-    print(f"alpha {alpha:.3f}; generalised walltime model predicts {pred:.2f}x")
+              f"{s.get('speedup', math.nan):8.2f} {lo:5.2f}-{hi:<5.2f}")
+    print(f"in-run costs: decode step {costs.step_ms:.1f} ms, draft {costs.draft_ms:.2f} ms/token, overhead "
+          f"{costs.overhead_ms:.2f} ms/iteration, verification in decode steps "
+          + ", ".join(f"g={g}: {v:.2f} (x{costs.iterations[g]})" for g, v in costs.verify_steps.items()))
+    print(f"alpha {alpha:.3f}; the generalised walltime model predicts {predicted_speedup_in_run(runs):.2f}x with "
+          f"the costs timed in the runs, {apart:.2f}x with the costs timed apart")
     return 0
 
 

@@ -13,10 +13,14 @@ draft step, a target step and a verification forward of gamma+1 tokens, which on
 from __future__ import annotations
 
 
-def _check(alpha: float, gamma: int) -> None:
+def _check_alpha(alpha: float) -> None:
     if not 0 <= alpha <= 1:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
-    if not isinstance(gamma, int) or gamma < 1:
+
+
+def _check(alpha: float, gamma: int) -> None:
+    _check_alpha(alpha)
+    if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
         raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
 
 
@@ -54,25 +58,26 @@ def walltime_improvement_measured(alpha: float, gamma: int, *, t_target: float, 
     """Generalised Thm 3.8 with measured costs: one iteration takes gamma draft steps, one verification forward
     of gamma+1 tokens and a fixed overhead (sampling, bookkeeping), and yields expected_tokens(alpha, gamma)
     tokens; autoregressive decoding takes t_target per token. Reduces to Thm 3.8 when t_verify = t_target,
-    t_draft = c t_target and t_overhead = 0."""
-    if min(t_target, t_draft, t_verify, t_overhead) < 0 or t_target <= 0:
-        raise ValueError("times must be >= 0 and t_target > 0")
-    return expected_tokens(alpha, gamma) * t_target / (gamma * t_draft + t_verify + t_overhead)
-
+    t_draft = c t_target and t_overhead = 0. The one-length case of `walltime_improvement_lengths`."""
+    _check(alpha, gamma)
+    return walltime_improvement_lengths(alpha, [gamma], t_target=t_target, t_draft=t_draft,
+                                        t_verify={gamma: t_verify}, t_overhead=t_overhead)
 
 
 def walltime_improvement_lengths(alpha: float, lengths, *, t_target: float, t_draft: float, t_verify,
                                  t_overhead: float = 0.0) -> float:
     """`walltime_improvement_measured` for drafts that propose a varying number of tokens per iteration (prompt
     lookup proposes as far as its match reaches, 0 without one). `lengths` are the iterations' proposal lengths
-    g_i as they happened; `t_verify[g]` is the time of a target forward of g+1 tokens. Expected tokens
-    sum_i expected_tokens(alpha, g_i) (1 for g_i = 0: a plain decoding step) over expected time
+    g_i as they happened; `t_verify[g]` (a list or a dict) is the time of a target forward of g+1 tokens. Expected
+    tokens sum_i expected_tokens(alpha, g_i) (1 for g_i = 0: a plain decoding step) over expected time
     sum_i (g_i t_draft + t_verify[g_i] + t_overhead), against t_target per token."""
     lengths = list(lengths)
-    if not lengths or any(not isinstance(g, int) or g < 0 for g in lengths):
+    if not lengths or any(not isinstance(g, int) or isinstance(g, bool) or g < 0 for g in lengths):
         raise ValueError("lengths must be a non-empty list of integers >= 0")
-    if not 0 <= alpha <= 1:
-        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    _check_alpha(alpha)
+    verify = [t_verify[g] for g in lengths]
+    if min([t_target, t_draft, t_overhead] + verify) < 0 or t_target <= 0:
+        raise ValueError("times must be >= 0 and t_target > 0")
     tokens = sum(1.0 if g == 0 else expected_tokens(alpha, g) for g in lengths)
-    seconds = sum(g * t_draft + t_verify[g] + t_overhead for g in lengths)
+    seconds = sum(g * t_draft + v + t_overhead for g, v in zip(lengths, verify))
     return tokens * t_target / seconds
