@@ -34,6 +34,10 @@ def test_ulp_distance():
     one = torch.tensor([1.0], dtype=torch.float64)
     assert N.ulp_distance(one, one + 2 ** -23, torch.float32).item() == pytest.approx(1.0)
     assert N.ulp_distance(one * 4, one * 4 + 2 ** -7 * 4, torch.bfloat16).item() == pytest.approx(1.0)
+    # measured at the row's scale: a near-zero entry's change counts in ULPs of the row's largest entry (8.0)
+    row = torch.tensor([[8.0, 1e-5, -3.0]], dtype=torch.float64)
+    moved = row + torch.tensor([[0.0, 2 ** -20, 0.0]], dtype=torch.float64)
+    assert N.ulp_distance(row, moved, torch.float32)[0].tolist() == pytest.approx([0.0, 1.0, 0.0])
 
 
 def test_deterministic_flag_is_restored():

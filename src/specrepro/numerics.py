@@ -74,8 +74,13 @@ MANTISSA_BITS = {torch.float64: 52, torch.float32: 23, torch.bfloat16: 7, torch.
 
 
 def ulp_distance(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """|a - b| in units of the last place of `dtype` at |a| (the spacing of representable numbers there)."""
-    mag = a.abs().clamp_min(torch.finfo(dtype).tiny)
+    """|a - b| in units of the last place of `dtype` at the scale of the row: the spacing of representable numbers
+    at max |a| over the last dimension (the whole tensor for a 0-d one).
+
+    A logit is a sum of products whose rounding errors are on the scale of the row's large entries; measured at
+    its own magnitude, a near-zero logit that moved by 1e-5 would count millions of ULPs."""
+    scale = a.abs().amax(-1, keepdim=True) if a.dim() else a.abs()
+    mag = scale.clamp_min(torch.finfo(dtype).tiny)
     spacing = torch.pow(2.0, torch.floor(torch.log2(mag)) - MANTISSA_BITS[dtype])
     return (a - b).abs() / spacing
 
