@@ -130,3 +130,26 @@ def test_in_run_prediction_is_exact_when_acceptance_is_what_alpha_says():
     runs = [_run("autoregressive", 0, 1.0 + 12 * step, 1.0, 13, ar), _run("speculative", 0, 1.0 + 3 * it, 1.0, 16, sp)]
     measured = (12 * step / 12) / (3 * it / 12)  # pooled decode time per token, autoregressive / speculative
     assert bench.predicted_speedup_in_run(runs) == pytest.approx(measured)
+
+
+def test_every_method_logs_the_targets_forwards(pair):
+    target, draft = pair
+    runs = bench.run_bench(target, draft, [torch.tensor([[1, 2, 3]])], gamma=2, max_new_tokens=8, warmup=False)
+    for r in runs:
+        assert r.target_forwards and all(n >= 1 and t > 0 for n, t in r.target_forwards)
+        if r.stats is not None:  # ours: the hook sees exactly the forwards the loop recorded
+            assert [n for n, _ in r.target_forwards] == [n for n, _ in r.stats.target_forwards]
+    s = bench.summarize(runs)
+    assert s["autoregressive"]["target_forwards_per_token"] == 1.0
+    for m in bench.METHODS:
+        assert s[m]["other_ms_per_token"] >= 0 and s[m]["target_forward_ms_per_token"] > 0
+
+
+def test_forward_log_removes_its_hooks(pair):
+    from specrepro.timing import forward_log
+
+    target, _ = pair
+    with forward_log(target) as log:
+        target(input_ids=torch.tensor([[1, 2]]))
+    target(input_ids=torch.tensor([[1, 2]]))
+    assert [n for n, _ in log] == [2] and not target._forward_hooks and not target._forward_pre_hooks

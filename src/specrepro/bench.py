@@ -23,7 +23,7 @@ import torch
 
 from . import theory
 from .generate import GenerationStats, autoregressive_generate, pooled_alpha, speculative_generate
-from .timing import forward_seconds, synchronize
+from .timing import forward_log, forward_seconds, synchronize
 
 METHODS = ("autoregressive", "speculative", "hf_assisted_fixed", "hf_assisted_default")
 
@@ -99,6 +99,7 @@ class Run:
     proposed: list[int] | None = None  # draft tokens proposed per iteration (ours only)
     output: list[int] | None = None  # the generated token ids, for quality metrics
     stats: "GenerationStats | None" = None  # ours only (autoregressive and speculative): forwards and in-run times
+    target_forwards: list[tuple[int, float]] | None = None  # every target forward of the run: (tokens fed, seconds)
 
     @property
     def ms_per_token(self) -> float:
@@ -140,14 +141,17 @@ def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new
         for i, ids in enumerate(prompts):
             for m in methods:
                 ttft, _ = _timed(lambda: call(m, ids, 1, torch.Generator().manual_seed(seed + i)), device)
-                secs, out = _timed(lambda: call(m, ids, max_new_tokens, torch.Generator().manual_seed(seed + i)), device)
+                with forward_log(target, device) as log:
+                    secs, out = _timed(lambda: call(m, ids, max_new_tokens, torch.Generator().manual_seed(seed + i)),
+                                       device)
                 seq = out.sequences if hasattr(out, "sequences") else out
                 stats = getattr(out, "stats", None)
                 spec = stats is not None and bool(stats.proposed)
                 runs.append(Run(m, i, rep, secs, ttft, seq.shape[1] - ids.shape[1], output=seq[0, ids.shape[1]:].tolist(),
                                 alpha=pooled_alpha([stats]) if spec else None,
                                 tokens_per_iteration=stats.tokens_per_iteration if spec else None,
-                                proposed=list(stats.proposed) if spec else None, stats=stats))
+                                proposed=list(stats.proposed) if spec else None, stats=stats,
+                                target_forwards=log))
     return runs
 
 
@@ -158,7 +162,11 @@ def summarize(runs: list[Run]) -> dict[str, dict]:
     ratios paired by prompt and repeat in `speedup_range`.
 
     Pooled, not a median of per-prompt rates: the workload's time per token is what a user waits for, and it is
-    what the walltime model predicts (prompts differ a lot in how much they repeat themselves)."""
+    what the walltime model predicts (prompts differ a lot in how much they repeat themselves).
+
+    Where the time goes, from the target's forwards logged in every run (prefill included, so over all tokens):
+    `target_forwards_per_token`, `target_forward_ms_per_token`, and `other_ms_per_token`, everything else (the
+    draft, sampling, acceptance, bookkeeping, and for transformers its generation machinery)."""
     out, decode = {}, {}
     for m in dict.fromkeys(r.method for r in runs):
         rs = [r for r in runs if r.method == m]
@@ -169,6 +177,12 @@ def summarize(runs: list[Run]) -> dict[str, dict]:
                       ttft_ms=1e3 * statistics.median(r.ttft_seconds for r in rs),
                       spread_ms_per_token=(min(r.ms_per_token for r in rs), max(r.ms_per_token for r in rs)),
                       tokens=sum(r.new_tokens for r in rs), runs=len(rs))
+        if all(r.target_forwards is not None for r in rs):  # where the time goes, any method alike
+            tokens = sum(r.new_tokens for r in rs)
+            fwd = [f for r in rs for f in r.target_forwards]
+            out[m] |= dict(target_forwards_per_token=len(fwd) / tokens,
+                           target_forward_ms_per_token=1e3 * sum(t for _, t in fwd) / tokens,
+                           other_ms_per_token=1e3 * (sum(r.seconds for r in rs) - sum(t for _, t in fwd)) / tokens)
     if "autoregressive" in out:
         base = out["autoregressive"]["decode_ms_per_token"]
         for m in out:

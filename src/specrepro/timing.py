@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -68,6 +69,32 @@ def time_interleaved(fns: dict[str, Callable[[], int]], *, repeats: int = 3, war
             out[name].seconds.append(time.perf_counter() - t0)
             out[name].units.append(int(units))
     return out
+
+
+@contextmanager
+def forward_log(model, device=None):
+    """Record every forward of `model` while the context is open, whoever calls it (our loops or transformers'
+    generate): yields a list that fills with (tokens fed, seconds) per forward. The hooks cost microseconds; on a
+    GPU they synchronise before and after each forward so that the seconds hold its kernels."""
+    log: list[tuple[int, float]] = []
+    started: list[float] = []
+
+    def before(module, args, kwargs):
+        synchronize(device)
+        started.append(time.perf_counter())
+
+    def after(module, args, kwargs, output):
+        synchronize(device)
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        log.append((int(ids.shape[1]) if ids is not None else 0, time.perf_counter() - started.pop()))
+
+    hooks = [model.register_forward_pre_hook(before, with_kwargs=True),
+             model.register_forward_hook(after, with_kwargs=True)]
+    try:
+        yield log
+    finally:
+        for h in hooks:
+            h.remove()
 
 
 @torch.no_grad()
