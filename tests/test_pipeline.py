@@ -82,3 +82,25 @@ def test_report_writes_json_without_nan(tmp_path):
     assert json.loads((tmp_path / "r" / "metrics.json").read_text()) == {"a": None, "b": [1.5, None]}
     write_json(tmp_path / "x.json", {"t": 1})
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_git_commit_is_dirty_for_code_changes_not_for_waiting_outputs(tmp_path, monkeypatch):
+    import subprocess
+
+    from specrepro import report
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "outputs").mkdir()
+    (tmp_path / "outputs" / "metrics.json").write_text("{}")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    monkeypatch.setattr(report, "REPO_ROOT", tmp_path)
+    assert not report.git_commit().endswith("+dirty")
+    (tmp_path / "outputs" / "metrics.json").write_text('{"a": 1}')
+    assert not report.git_commit().endswith("+dirty")
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert report.git_commit().endswith("+dirty")

@@ -27,11 +27,13 @@ PACKAGES = ("specrepro", "torch", "transformers", "accelerate", "datasets", "num
 
 
 def git_commit() -> str:
-    """The checkout's commit, with '+dirty' if tracked files differ from it; 'unknown' outside git."""
+    """The checkout's commit, with '+dirty' if tracked files outside outputs/ (code, notebooks, data, docs) differ
+    from it; 'unknown' outside git. Other notebooks' results waiting in outputs/ to be committed do not change
+    what a run computes, so they do not count."""
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!outputs"], cwd=REPO_ROOT,
                                capture_output=True, text=True, check=True).stdout.strip()
         return sha + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
