@@ -1,6 +1,6 @@
 """Benchmark: autoregressive vs speculative decoding vs transformers' assisted generation, in one process.
 
-    python -m specrepro.bench --draft draft-l --gamma 4 --prompts 4 --max-new-tokens 64
+    python -m specrepro.bench --draft prompt-lookup --gamma 3 --prompts 4 --max-new-tokens 64
     make bench ARGS="--temperature 0.8 --top-p 0.95"
 
 Every method decodes the same prompts with the same sampling settings, interleaved (A, B, C, A, B, C, ...), so
@@ -310,9 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specrepro.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="smollm2-135m-instruct")
-    ap.add_argument("--draft", default="draft-l")
+    ap.add_argument("--draft", default="prompt-lookup", help="a shipped draft name, Hugging Face id or folder")
     ap.add_argument("--task", choices=("code", "text"), default="code")
-    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--gamma", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=0.0)
