@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from specrepro import autoregressive_generate, bench, theory
+from specrepro import autoregressive_generate, bench
 from specrepro.tiny import tiny_pair
 
 
@@ -48,21 +48,6 @@ def test_run_bench_interleaves_all_methods_on_the_same_prompts(pair):
     assert all(r.alpha is not None for r in runs if r.method == "speculative")
 
 
-def test_predicted_speedup_is_the_generalised_model():
-    got = bench.predicted_speedup(0.8, 4, ar_ms_per_token=100, draft_ms_per_token=5, forward_ms_1=90,
-                                  forward_ms_verify=150)
-    assert got == pytest.approx(theory.expected_tokens(0.8, 4) * 100 / (4 * 5 + 150 + 10))
-    # with the iterations' proposal lengths: all equal to gamma gives the same; a 0 is one plain decoding step
-    verify = [90, 100, 110, 130, 150]
-    same = bench.predicted_speedup(0.8, 4, ar_ms_per_token=100, draft_ms_per_token=5, forward_ms_1=90,
-                                   forward_ms_verify=verify, lengths=[4, 4, 4])
-    assert same == pytest.approx(got)
-    mixed = bench.predicted_speedup(0.8, 4, ar_ms_per_token=100, draft_ms_per_token=5, forward_ms_1=90,
-                                    forward_ms_verify=verify, lengths=[4, 0])
-    tokens, ms = theory.expected_tokens(0.8, 4) + 1, (4 * 5 + 150 + 10) + (90 + 10)
-    assert mixed == pytest.approx(tokens * 100 / ms)
-
-
 def test_prompt_lookup_maps_to_transformers_prompt_lookup_decoding():
     from specrepro.drafts import PromptLookupDraft
     from specrepro.tiny import tiny_target
@@ -73,13 +58,6 @@ def test_prompt_lookup_maps_to_transformers_prompt_lookup_decoding():
     for gamma in (None, 3):
         assert torch.equal(bench.hf_generate(target, x, max_new_tokens=15, assistant=PromptLookupDraft(16, 2),
                                              gamma=gamma), ref)
-
-
-def test_prediction_in_decode_steps_scales_the_verification_by_the_run_step():
-    got = bench.predicted_speedup_in_steps(0.8, 2, ar_ms_per_token=50, draft_ms_per_token=5, verify_steps=[1.0, 1.1, 1.2],
-                                           lengths=[2, 0])
-    tokens, ms = theory.expected_tokens(0.8, 2) + 1, (2 * 5 + 1.2 * 50) + 50
-    assert got == pytest.approx(tokens * 50 / ms)
 
 
 def _run(method, prompt, seconds, ttft, tokens, stats=None):
@@ -96,40 +74,6 @@ def test_summary_pools_time_per_token_over_prompts():
     assert s["speculative"]["speedup"] == pytest.approx(20 / 12.5)
     assert s["speculative"]["speedup_range"] == pytest.approx((1.0, 4.0))
     assert s["speculative"]["ttft_ms"] == pytest.approx(500)
-
-
-def _stats(proposed, accepted, iteration, draft, target):
-    from specrepro.generate import GenerationStats
-
-    return GenerationStats(prompt_len=4, new_tokens=sum(n + 1 for n in accepted), proposed=proposed,
-                           accepted=accepted, iteration_seconds=iteration, draft_seconds=draft,
-                           target_seconds=target)
-
-
-def test_iteration_costs_skip_the_prefill_and_split_by_proposal_length():
-    ar = _stats([], [], [9.0, 0.10, 0.12], [0.0] * 3, [8.9, 0.09, 0.11])
-    sp = _stats([3, 3, 0, 2], [0, 3, 0, 1], [9.0, 0.14, 0.11, 0.13],
-                [0.5, 0.006, 0.001, 0.004], [8.0, 0.13, 0.10, 0.12])
-    costs = bench.iteration_costs([_run("autoregressive", 0, 9.22, 9.0, 3, ar), _run("speculative", 0, 9.38, 9.0, 8, sp)])
-    assert costs.step_ms == pytest.approx(110)
-    assert costs.draft_ms == pytest.approx(11 / 5)  # 11 ms of draft work for 5 proposed tokens
-    assert costs.verify_ms == pytest.approx({0: 100, 2: 120, 3: 130})
-    assert costs.iterations == {0: 1, 2: 1, 3: 1}
-    assert costs.overhead_ms == pytest.approx((4 + 9 + 6) / 3)
-    assert costs.verify_steps[3] == pytest.approx(130 / 110)
-    with pytest.raises(ValueError, match="autoregressive and speculative"):
-        bench.iteration_costs([_run("speculative", 0, 9.38, 9.0, 8, sp)])
-
-
-def test_in_run_prediction_is_exact_when_acceptance_is_what_alpha_says():
-    # alpha = 1 (every draft accepted): Eq. 1 holds exactly, so with costs timed in the run the model must give
-    # back the speedup measured from the same times
-    step, it = 0.1, 0.16  # a decode step; an iteration of gamma = 3 that yields 4 tokens
-    ar = _stats([], [], [1.0] + [step] * 12, [0.0] * 13, [0.9] + [0.09] * 12)
-    sp = _stats([3] * 4, [3] * 4, [1.0] + [it] * 3, [0.1] + [0.03] * 3, [0.85] + [0.12] * 3)
-    runs = [_run("autoregressive", 0, 1.0 + 12 * step, 1.0, 13, ar), _run("speculative", 0, 1.0 + 3 * it, 1.0, 16, sp)]
-    measured = (12 * step / 12) / (3 * it / 12)  # pooled decode time per token, autoregressive / speculative
-    assert bench.predicted_speedup_in_run(runs) == pytest.approx(measured)
 
 
 def test_every_method_logs_the_targets_forwards(pair):

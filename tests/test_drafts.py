@@ -1,7 +1,6 @@
 """Draft construction: cut-vocabulary expansion is exact, storage round-trips, early exit and prompt lookup."""
 
 import json
-import math
 
 import pytest
 import torch

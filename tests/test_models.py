@@ -3,7 +3,6 @@
 import importlib.util
 
 import pytest
-import torch
 
 from specrepro import models, speculative_generate, autoregressive_generate
 from specrepro.drafts import PromptLookupDraft

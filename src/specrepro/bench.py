@@ -7,8 +7,8 @@ Every method decodes the same prompts with the same sampling settings, interleav
 machine-load drift hits all alike; speedups are ratios of time per token pooled over the prompts, measured side by
 side. For each method it reports time to first token (a run of one new token) apart from the time per output token
 after it. It also prints the speedup the generalised walltime model (`theory.walltime_improvement_lengths`)
-predicts from the measured alpha and proposal lengths, twice: with every cost timed inside the runs
-(`iteration_costs`), and with the draft's speed and the verification forwards timed apart, before the runs.
+predicts from the measured alpha and proposal lengths (`specrepro.walltime`), twice: with every cost timed inside
+the runs, and with the draft's speed and the verification forwards timed apart, after the runs.
 """
 
 from __future__ import annotations
@@ -16,14 +16,13 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import time
 from dataclasses import dataclass
 
 import torch
 
-from . import theory
+from . import walltime
 from .generate import GenerationStats, autoregressive_generate, pooled_alpha, speculative_generate
-from .timing import forward_log, forward_seconds, synchronize
+from .timing import forward_log, timed
 
 METHODS = ("autoregressive", "speculative", "hf_assisted_fixed", "hf_assisted_default")
 
@@ -111,14 +110,6 @@ class Run:
         return 1e3 * (self.seconds - self.ttft_seconds) / max(1, self.new_tokens - 1)
 
 
-def _timed(fn, device) -> tuple[float, object]:
-    synchronize(device)
-    t0 = time.perf_counter()
-    out = fn()
-    synchronize(device)
-    return time.perf_counter() - t0, out
-
-
 def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new_tokens: int,
               temperature: float = 0.0, top_k=None, top_p=None, eos_token_id=None, repeats: int = 1,
               methods=METHODS, seed: int = 0, device=None, warmup: bool = True) -> list[Run]:
@@ -140,9 +131,9 @@ def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new
     for rep in range(repeats):
         for i, ids in enumerate(prompts):
             for m in methods:
-                ttft, _ = _timed(lambda: call(m, ids, 1, torch.Generator().manual_seed(seed + i)), device)
+                ttft, _ = timed(lambda: call(m, ids, 1, torch.Generator().manual_seed(seed + i)), device)
                 with forward_log(target, device) as log:
-                    secs, out = _timed(lambda: call(m, ids, max_new_tokens, torch.Generator().manual_seed(seed + i)),
+                    secs, out = timed(lambda: call(m, ids, max_new_tokens, torch.Generator().manual_seed(seed + i)),
                                        device)
                 seq = out.sequences if hasattr(out, "sequences") else out
                 stats = getattr(out, "stats", None)
@@ -192,115 +183,6 @@ def summarize(runs: list[Run]) -> dict[str, dict]:
     return out
 
 
-@dataclass(frozen=True)
-class IterationCosts:
-    """Costs timed inside the runs (`GenerationStats` times), in ms, over every iteration but each run's first
-    (which includes the prompt's prefill).
-
-    step_ms: autoregressive decoding, mean time per token (the target's forward and the loop around it).
-    draft_ms: speculative decoding, the draft's time per proposed token (its forwards and proposal_length).
-    verify_ms[g]: mean time of the target's part of an iteration that verified g drafts (a forward of g+1 tokens
-        and the acceptance rule on its logits).
-    overhead_ms: mean time per iteration beyond the draft's and the target's parts (appending, cache rollback).
-    iterations[g]: how many iterations verified g drafts.
-    """
-
-    step_ms: float
-    draft_ms: float
-    verify_ms: dict[int, float]
-    overhead_ms: float
-    iterations: dict[int, int]
-
-    @property
-    def verify_steps(self) -> dict[int, float]:
-        """verify_ms[g] in decode steps."""
-        return {g: v / self.step_ms for g, v in self.verify_ms.items()}
-
-
-def iteration_costs(runs: list[Run]) -> IterationCosts:
-    """`IterationCosts` from the autoregressive and speculative runs of `run_bench`."""
-    ar = [r.stats for r in runs if r.method == "autoregressive" and r.stats is not None]
-    sp = [r.stats for r in runs if r.method == "speculative" and r.stats is not None]
-    steps = [t for s in ar for t in s.iteration_seconds[1:]]
-    iters = [(g, it, d, t) for s in sp for g, it, d, t in list(zip(s.proposed, s.iteration_seconds, s.draft_seconds,
-                                                                     s.target_seconds))[1:]]
-    if not steps or not iters:
-        raise ValueError("need autoregressive and speculative runs of more than one iteration each: run_bench with "
-                         "methods including both and max_new_tokens large enough")
-    by_g: dict[int, list[float]] = {}
-    for g, _, _, t in iters:
-        by_g.setdefault(g, []).append(t)
-    proposed = sum(g for g, *_ in iters)
-    return IterationCosts(step_ms=1e3 * statistics.mean(steps),
-                          draft_ms=1e3 * sum(d for _, _, d, _ in iters) / proposed if proposed else 0.0,
-                          verify_ms={g: 1e3 * statistics.mean(ts) for g, ts in sorted(by_g.items())},
-                          overhead_ms=1e3 * statistics.mean(it - d - t for _, it, d, t in iters),
-                          iterations={g: len(ts) for g, ts in sorted(by_g.items())})
-
-
-def predicted_speedup_in_run(runs: list[Run]) -> float:
-    """The generalised walltime model (`theory.walltime_improvement_lengths`) with the measured alpha of the
-    speculative runs, their proposal lengths, and every cost timed inside the runs (`iteration_costs`).
-
-    With the costs timed where they were spent, the model's one remaining assumption is Leviathan's Eq. 1: that
-    each draft token is accepted independently with probability alpha. Its error against the measured speedup
-    is the error of that assumption (plus how the EOS and max_new_tokens cut the last iteration)."""
-    costs = iteration_costs(runs)
-    sp = [r.stats for r in runs if r.method == "speculative" and r.stats is not None]
-    lengths = [g for s in sp for g in s.proposed[1:]]
-    return theory.walltime_improvement_lengths(min(pooled_alpha(sp), 1.0), lengths, t_target=costs.step_ms,
-                                               t_draft=costs.draft_ms, t_verify=costs.verify_ms,
-                                               t_overhead=costs.overhead_ms)
-
-
-def predicted_speedup(alpha: float, gamma: int, *, ar_ms_per_token: float, draft_ms_per_token: float,
-                      forward_ms_1: float, forward_ms_verify, lengths: list[int] | None = None) -> float:
-    """The generalised walltime model from measured costs. A decode step's overhead beyond its forward
-    (sampling, bookkeeping: ar_ms_per_token - forward_ms_1) is charged to each verification too.
-
-    Fixed gamma (`lengths` None): `theory.walltime_improvement_measured` with `forward_ms_verify` the time of a
-    forward of gamma+1 tokens. With the iterations' proposal lengths `lengths` (a draft that proposes fewer than
-    gamma tokens, e.g. prompt lookup): `theory.walltime_improvement_lengths`, `forward_ms_verify[g]` the time of a
-    forward of g+1 tokens for g = 0..gamma."""
-    overhead = max(0.0, ar_ms_per_token - forward_ms_1)
-    if lengths is None:
-        return theory.walltime_improvement_measured(min(alpha, 1.0), gamma, t_target=ar_ms_per_token,
-                                                    t_draft=draft_ms_per_token, t_verify=forward_ms_verify + overhead)
-    return theory.walltime_improvement_lengths(min(alpha, 1.0), lengths, t_target=ar_ms_per_token,
-                                               t_draft=draft_ms_per_token, t_verify=forward_ms_verify,
-                                               t_overhead=overhead)
-
-
-def predicted_speedup_in_steps(alpha: float, gamma: int, *, ar_ms_per_token: float, draft_ms_per_token: float,
-                               verify_steps: list[float], lengths: list[int]) -> float:
-    """`predicted_speedup` with the verification cost given as a ratio: verify_steps[g] decode steps for a forward
-    of g+1 tokens (measured side by side), times the decode step timed in the runs themselves, so that machine
-    drift between the cost measurement and the runs cancels."""
-    return predicted_speedup(alpha, gamma, ar_ms_per_token=ar_ms_per_token, draft_ms_per_token=draft_ms_per_token,
-                             forward_ms_1=ar_ms_per_token, forward_ms_verify=[ar_ms_per_token * r for r in verify_steps],
-                             lengths=lengths)
-
-
-def verify_ms(target, context: int, gamma: int, device=None) -> list[float]:
-    """Milliseconds of one target forward of g+1 tokens after `context` cached ones, for g = 0..gamma."""
-    return [1e3 * forward_seconds(target, context, g + 1, device=device) for g in range(gamma + 1)]
-
-
-def proposal_lengths(runs: list[Run]) -> list[int]:
-    """Every iteration's proposal length over the speculative runs."""
-    return [g for r in runs if r.proposed for g in r.proposed]
-
-
-def draft_ms_per_token(draft, prompt: torch.Tensor, n: int = 16, repeats: int = 3) -> float:
-    """The draft's own greedy decoding speed (its cost c times the target's)."""
-    autoregressive_generate(draft, prompt, max_new_tokens=2, temperature=0)
-    times = []
-    for _ in range(repeats):
-        secs, out = _timed(lambda: autoregressive_generate(draft, prompt, max_new_tokens=n, temperature=0), None)
-        times.append(secs / out.stats.new_tokens)
-    return 1e3 * statistics.median(times)
-
-
 def main(argv: list[str] | None = None) -> int:
     from .acceptance import eval_prompts
     from .data import format_prompt
@@ -342,11 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(runs)
     alpha = pooled_alpha(r.stats for r in runs if r.method == "speculative")
     ctx = int(statistics.mean(p.shape[1] for p in prompts)) + args.max_new_tokens // 2
-    verify = verify_ms(target, ctx, args.gamma, device=args.device)
-    apart = predicted_speedup(alpha, args.gamma, ar_ms_per_token=summary["autoregressive"]["decode_ms_per_token"],
-                              draft_ms_per_token=draft_ms_per_token(draft, prompts[0]), forward_ms_1=verify[0],
-                              forward_ms_verify=verify, lengths=proposal_lengths(runs))
-    costs = iteration_costs(runs)
+    verify = walltime.verify_ms(target, ctx, args.gamma, device=args.device)
+    apart = walltime.predicted_speedup(alpha, args.gamma, ar_ms_per_token=summary["autoregressive"]["decode_ms_per_token"],
+                              draft_ms_per_token=walltime.draft_ms_per_token(draft, prompts[0]), forward_ms_1=verify[0],
+                              forward_ms_verify=verify, lengths=walltime.proposal_lengths(runs))
+    costs = walltime.iteration_costs(runs)
     print(f"target {args.target}, draft {args.draft}, gamma {args.gamma}, T={args.temperature}, "
           f"{len(prompts)} {args.task} prompts x {args.repeats}, {torch.get_num_threads()} threads, {args.device}")
     print(f"{'method':22s} {'ms/token':>9s} {'decode ms/tok':>14s} {'TTFT ms':>8s} {'speedup':>8s} {'per prompt':>12s}")
@@ -357,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"in-run costs: decode step {costs.step_ms:.1f} ms, draft {costs.draft_ms:.2f} ms/token, overhead "
           f"{costs.overhead_ms:.2f} ms/iteration, verification in decode steps "
           + ", ".join(f"g={g}: {v:.2f} (x{costs.iterations[g]})" for g, v in costs.verify_steps.items()))
-    print(f"alpha {alpha:.3f}; the generalised walltime model predicts {predicted_speedup_in_run(runs):.2f}x with "
+    print(f"alpha {alpha:.3f}; the generalised walltime model predicts {walltime.predicted_speedup_in_run(runs):.2f}x with "
           f"the costs timed in the runs, {apart:.2f}x with the costs timed apart")
     return 0
 

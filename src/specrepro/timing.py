@@ -22,6 +22,15 @@ def synchronize(device: str | torch.device | None = None) -> None:
         torch.cuda.synchronize(device)
 
 
+def timed(fn, device=None) -> tuple[float, object]:
+    """(seconds, result) of one call of fn, synchronised before and after on a GPU."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    out = fn()
+    synchronize(device)
+    return time.perf_counter() - t0, out
+
+
 @dataclass
 class Timing:
     """Wall times (seconds) of repeated runs of one thing."""

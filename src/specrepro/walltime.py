@@ -1,0 +1,129 @@
+"""The generalised walltime model (Leviathan et al. 2022, Thm 3.8, as `theory.walltime_improvement_lengths`) fed
+with measured costs: what speedup a run should have had, given its alpha, its proposal lengths and what its parts
+cost.
+
+Two sources of costs:
+- timed inside the runs (`iteration_costs` from the `GenerationStats` times of `bench.run_bench`'s runs), so that
+  the machine's drift cannot come between a cost and the run it explains: `predicted_speedup_in_run`;
+- timed apart (`verify_ms` forwards on a random prefix, `draft_ms_per_token` from the draft's own decoding), as one
+  would predict before running anything: `predicted_speedup`, `predicted_speedup_in_steps`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import torch
+
+from . import theory
+from .generate import autoregressive_generate, pooled_alpha
+from .timing import forward_seconds, timed
+
+@dataclass(frozen=True)
+class IterationCosts:
+    """Costs timed inside the runs (`GenerationStats` times), in ms, over every iteration but each run's first
+    (which includes the prompt's prefill).
+
+    step_ms: autoregressive decoding, mean time per token (the target's forward and the loop around it).
+    draft_ms: speculative decoding, the draft's time per proposed token (its forwards and proposal_length).
+    verify_ms[g]: mean time of the target's part of an iteration that verified g drafts (a forward of g+1 tokens
+        and the acceptance rule on its logits).
+    overhead_ms: mean time per iteration beyond the draft's and the target's parts (appending, cache rollback).
+    iterations[g]: how many iterations verified g drafts.
+    """
+
+    step_ms: float
+    draft_ms: float
+    verify_ms: dict[int, float]
+    overhead_ms: float
+    iterations: dict[int, int]
+
+    @property
+    def verify_steps(self) -> dict[int, float]:
+        """verify_ms[g] in decode steps."""
+        return {g: v / self.step_ms for g, v in self.verify_ms.items()}
+
+
+def iteration_costs(runs: list) -> IterationCosts:
+    """`IterationCosts` from the autoregressive and speculative runs of `run_bench`."""
+    ar = [r.stats for r in runs if r.method == "autoregressive" and r.stats is not None]
+    sp = [r.stats for r in runs if r.method == "speculative" and r.stats is not None]
+    steps = [t for s in ar for t in s.iteration_seconds[1:]]
+    iters = [(g, it, d, t) for s in sp for g, it, d, t in list(zip(s.proposed, s.iteration_seconds, s.draft_seconds,
+                                                                     s.target_seconds))[1:]]
+    if not steps or not iters:
+        raise ValueError("need autoregressive and speculative runs of more than one iteration each: run_bench with "
+                         "methods including both and max_new_tokens large enough")
+    by_g: dict[int, list[float]] = {}
+    for g, _, _, t in iters:
+        by_g.setdefault(g, []).append(t)
+    proposed = sum(g for g, *_ in iters)
+    return IterationCosts(step_ms=1e3 * statistics.mean(steps),
+                          draft_ms=1e3 * sum(d for _, _, d, _ in iters) / proposed if proposed else 0.0,
+                          verify_ms={g: 1e3 * statistics.mean(ts) for g, ts in sorted(by_g.items())},
+                          overhead_ms=1e3 * statistics.mean(it - d - t for _, it, d, t in iters),
+                          iterations={g: len(ts) for g, ts in sorted(by_g.items())})
+
+
+def predicted_speedup_in_run(runs: list) -> float:
+    """The generalised walltime model (`theory.walltime_improvement_lengths`) with the measured alpha of the
+    speculative runs, their proposal lengths, and every cost timed inside the runs (`iteration_costs`).
+
+    With the costs timed where they were spent, the model's one remaining assumption is Leviathan's Eq. 1: that
+    each draft token is accepted independently with probability alpha. Its error against the measured speedup
+    is the error of that assumption (plus how the EOS and max_new_tokens cut the last iteration)."""
+    costs = iteration_costs(runs)
+    sp = [r.stats for r in runs if r.method == "speculative" and r.stats is not None]
+    lengths = [g for s in sp for g in s.proposed[1:]]
+    return theory.walltime_improvement_lengths(min(pooled_alpha(sp), 1.0), lengths, t_target=costs.step_ms,
+                                               t_draft=costs.draft_ms, t_verify=costs.verify_ms,
+                                               t_overhead=costs.overhead_ms)
+
+
+def predicted_speedup(alpha: float, gamma: int, *, ar_ms_per_token: float, draft_ms_per_token: float,
+                      forward_ms_1: float, forward_ms_verify, lengths: list[int] | None = None) -> float:
+    """The generalised walltime model from measured costs. A decode step's overhead beyond its forward
+    (sampling, bookkeeping: ar_ms_per_token - forward_ms_1) is charged to each verification too.
+
+    Fixed gamma (`lengths` None): `theory.walltime_improvement_measured` with `forward_ms_verify` the time of a
+    forward of gamma+1 tokens. With the iterations' proposal lengths `lengths` (a draft that proposes fewer than
+    gamma tokens, e.g. prompt lookup): `theory.walltime_improvement_lengths`, `forward_ms_verify[g]` the time of a
+    forward of g+1 tokens for g = 0..gamma."""
+    overhead = max(0.0, ar_ms_per_token - forward_ms_1)
+    if lengths is None:
+        return theory.walltime_improvement_measured(min(alpha, 1.0), gamma, t_target=ar_ms_per_token,
+                                                    t_draft=draft_ms_per_token, t_verify=forward_ms_verify + overhead)
+    return theory.walltime_improvement_lengths(min(alpha, 1.0), lengths, t_target=ar_ms_per_token,
+                                               t_draft=draft_ms_per_token, t_verify=forward_ms_verify,
+                                               t_overhead=overhead)
+
+
+def predicted_speedup_in_steps(alpha: float, gamma: int, *, ar_ms_per_token: float, draft_ms_per_token: float,
+                               verify_steps: list[float], lengths: list[int]) -> float:
+    """`predicted_speedup` with the verification cost given as a ratio: verify_steps[g] decode steps for a forward
+    of g+1 tokens (measured side by side), times the decode step timed in the runs themselves, so that machine
+    drift between the cost measurement and the runs cancels."""
+    return predicted_speedup(alpha, gamma, ar_ms_per_token=ar_ms_per_token, draft_ms_per_token=draft_ms_per_token,
+                             forward_ms_1=ar_ms_per_token, forward_ms_verify=[ar_ms_per_token * r for r in verify_steps],
+                             lengths=lengths)
+
+
+def verify_ms(target, context: int, gamma: int, device=None) -> list[float]:
+    """Milliseconds of one target forward of g+1 tokens after `context` cached ones, for g = 0..gamma."""
+    return [1e3 * forward_seconds(target, context, g + 1, device=device) for g in range(gamma + 1)]
+
+
+def proposal_lengths(runs: list) -> list[int]:
+    """Every iteration's proposal length over the speculative runs."""
+    return [g for r in runs if r.proposed for g in r.proposed]
+
+
+def draft_ms_per_token(draft, prompt: torch.Tensor, n: int = 16, repeats: int = 3) -> float:
+    """The draft's own greedy decoding speed (its cost c times the target's)."""
+    autoregressive_generate(draft, prompt, max_new_tokens=2, temperature=0)
+    times = []
+    for _ in range(repeats):
+        secs, out = timed(lambda: autoregressive_generate(draft, prompt, max_new_tokens=n, temperature=0), None)
+        times.append(secs / out.stats.new_tokens)
+    return 1e3 * statistics.median(times)

@@ -1,0 +1,85 @@
+"""The walltime model fed with measured costs: in-run costs from GenerationStats times, and the prediction."""
+
+import pytest
+
+from specrepro import bench, theory, walltime
+
+
+def _run(method, prompt, seconds, ttft, tokens, stats=None):
+    return bench.Run(method, prompt, 0, seconds, ttft, tokens, stats=stats)
+
+
+def test_predicted_speedup_is_the_generalised_model():
+    got = walltime.predicted_speedup(0.8, 4, ar_ms_per_token=100, draft_ms_per_token=5, forward_ms_1=90,
+                                  forward_ms_verify=150)
+    assert got == pytest.approx(theory.expected_tokens(0.8, 4) * 100 / (4 * 5 + 150 + 10))
+    # with the iterations' proposal lengths: all equal to gamma gives the same; a 0 is one plain decoding step
+    verify = [90, 100, 110, 130, 150]
+    same = walltime.predicted_speedup(0.8, 4, ar_ms_per_token=100, draft_ms_per_token=5, forward_ms_1=90,
+                                   forward_ms_verify=verify, lengths=[4, 4, 4])
+    assert same == pytest.approx(got)
+    mixed = walltime.predicted_speedup(0.8, 4, ar_ms_per_token=100, draft_ms_per_token=5, forward_ms_1=90,
+                                    forward_ms_verify=verify, lengths=[4, 0])
+    tokens, ms = theory.expected_tokens(0.8, 4) + 1, (4 * 5 + 150 + 10) + (90 + 10)
+    assert mixed == pytest.approx(tokens * 100 / ms)
+
+
+def test_prediction_in_decode_steps_scales_the_verification_by_the_run_step():
+    got = walltime.predicted_speedup_in_steps(0.8, 2, ar_ms_per_token=50, draft_ms_per_token=5, verify_steps=[1.0, 1.1, 1.2],
+                                           lengths=[2, 0])
+    tokens, ms = theory.expected_tokens(0.8, 2) + 1, (2 * 5 + 1.2 * 50) + 50
+    assert got == pytest.approx(tokens * 50 / ms)
+
+
+def _stats(proposed, accepted, iteration, draft, target):
+    from specrepro.generate import GenerationStats
+
+    return GenerationStats(prompt_len=4, new_tokens=sum(n + 1 for n in accepted), proposed=proposed,
+                           accepted=accepted, iteration_seconds=iteration, draft_seconds=draft,
+                           target_seconds=target)
+
+
+def test_iteration_costs_skip_the_prefill_and_split_by_proposal_length():
+    ar = _stats([], [], [9.0, 0.10, 0.12], [0.0] * 3, [8.9, 0.09, 0.11])
+    sp = _stats([3, 3, 0, 2], [0, 3, 0, 1], [9.0, 0.14, 0.11, 0.13],
+                [0.5, 0.006, 0.001, 0.004], [8.0, 0.13, 0.10, 0.12])
+    costs = walltime.iteration_costs([_run("autoregressive", 0, 9.22, 9.0, 3, ar), _run("speculative", 0, 9.38, 9.0, 8, sp)])
+    assert costs.step_ms == pytest.approx(110)
+    assert costs.draft_ms == pytest.approx(11 / 5)  # 11 ms of draft work for 5 proposed tokens
+    assert costs.verify_ms == pytest.approx({0: 100, 2: 120, 3: 130})
+    assert costs.iterations == {0: 1, 2: 1, 3: 1}
+    assert costs.overhead_ms == pytest.approx((4 + 9 + 6) / 3)
+    assert costs.verify_steps[3] == pytest.approx(130 / 110)
+    with pytest.raises(ValueError, match="autoregressive and speculative"):
+        walltime.iteration_costs([_run("speculative", 0, 9.38, 9.0, 8, sp)])
+
+
+def test_in_run_prediction_is_exact_when_acceptance_is_what_alpha_says():
+    # alpha = 1 (every draft accepted): Eq. 1 holds exactly, so with costs timed in the run the model must give
+    # back the speedup measured from the same times
+    step, it = 0.1, 0.16  # a decode step; an iteration of gamma = 3 that yields 4 tokens
+    ar = _stats([], [], [1.0] + [step] * 12, [0.0] * 13, [0.9] + [0.09] * 12)
+    sp = _stats([3] * 4, [3] * 4, [1.0] + [it] * 3, [0.1] + [0.03] * 3, [0.85] + [0.12] * 3)
+    runs = [_run("autoregressive", 0, 1.0 + 12 * step, 1.0, 13, ar), _run("speculative", 0, 1.0 + 3 * it, 1.0, 16, sp)]
+    measured = (12 * step / 12) / (3 * it / 12)  # pooled decode time per token, autoregressive / speculative
+    assert walltime.predicted_speedup_in_run(runs) == pytest.approx(measured)
+
+
+def test_costs_from_real_runs_add_up():
+    import torch
+
+    from specrepro.tiny import tiny_pair
+
+    target, draft = tiny_pair(16, dtype=torch.float64)
+    runs = bench.run_bench(target, draft, [torch.tensor([[1, 2, 3]])], gamma=2, max_new_tokens=12, warmup=False,
+                           methods=("autoregressive", "speculative"))
+    costs = walltime.iteration_costs(runs)
+    assert costs.step_ms > 0 and costs.draft_ms > 0 and costs.overhead_ms >= 0
+    assert set(costs.verify_ms) == set(costs.iterations) and all(v > 0 for v in costs.verify_ms.values())
+    spec = next(r for r in runs if r.method == "speculative").stats
+    # the parts account for the iterations' time exactly
+    total = sum(spec.iteration_seconds[1:]) * 1e3
+    parts = (costs.draft_ms * sum(spec.proposed[1:]) + sum(costs.verify_ms[g] * k for g, k in costs.iterations.items())
+             + costs.overhead_ms * sum(costs.iterations.values()))
+    assert parts == pytest.approx(total)
+    assert 0 < walltime.predicted_speedup_in_run(runs) < 10
