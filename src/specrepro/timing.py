@@ -71,11 +71,8 @@ def time_interleaved(fns: dict[str, Callable[[], int]], *, repeats: int = 3, war
     out = {name: Timing(name) for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            synchronize(device)
-            t0 = time.perf_counter()
-            units = fn()
-            synchronize(device)
-            out[name].seconds.append(time.perf_counter() - t0)
+            secs, units = timed(fn, device)
+            out[name].seconds.append(secs)
             out[name].units.append(int(units))
     return out
 
@@ -121,11 +118,8 @@ def forward_seconds(model, prefix_len: int, new_tokens: int, *, repeats: int = 5
     model(input_ids=prefix, use_cache=True, cache=cache, logits_to_keep=1)
     times = []
     for _ in range(repeats + 1):  # the first is a warm-up
-        synchronize(device)
-        t0 = time.perf_counter()
-        model(input_ids=new, use_cache=True, cache=cache, logits_to_keep=new_tokens)
-        synchronize(device)
-        times.append(time.perf_counter() - t0)
+        times.append(timed(lambda: model(input_ids=new, use_cache=True, cache=cache, logits_to_keep=new_tokens),
+                           device)[0])
         cache.crop(-new_tokens)
     return statistics.median(times[1:])
 
@@ -135,13 +129,7 @@ def peak_matmul_flops(device="cpu", n: int = 2048, dtype=torch.float32, repeats:
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     a @ b  # warm-up
-    times = []
-    for _ in range(repeats):
-        synchronize(device)
-        t0 = time.perf_counter()
-        a @ b
-        synchronize(device)
-        times.append(time.perf_counter() - t0)
+    times = [timed(lambda: a @ b, device)[0] for _ in range(repeats)]
     return 2 * n ** 3 / min(times)
 
 
@@ -150,11 +138,5 @@ def memory_bandwidth(device="cpu", n_bytes: int = 1 << 30, repeats: int = 5) -> 
     the roofline's memory slope."""
     x = torch.ones(n_bytes // 4, device=device, dtype=torch.float32)
     x.sum()  # warm-up
-    times = []
-    for _ in range(repeats):
-        synchronize(device)
-        t0 = time.perf_counter()
-        x.sum()
-        synchronize(device)
-        times.append(time.perf_counter() - t0)
+    times = [timed(x.sum, device)[0] for _ in range(repeats)]
     return n_bytes / min(times)
