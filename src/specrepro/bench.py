@@ -93,12 +93,27 @@ class Run:
     seconds: float
     ttft_seconds: float
     new_tokens: int
-    alpha: float | None = None
-    tokens_per_iteration: float | None = None
-    proposed: list[int] | None = None  # draft tokens proposed per iteration (ours only)
     output: list[int] | None = None  # the generated token ids, for quality metrics
     stats: "GenerationStats | None" = None  # ours only (autoregressive and speculative): forwards and in-run times
     target_forwards: list[tuple[int, float]] | None = None  # every target forward of the run: (tokens fed, seconds)
+
+    @property
+    def _speculative(self) -> bool:
+        return self.stats is not None and bool(self.stats.proposed)
+
+    @property
+    def alpha(self) -> float | None:
+        """Our speculative runs' acceptance rate (`GenerationStats.alpha`); None for the other methods."""
+        return pooled_alpha([self.stats]) if self._speculative else None
+
+    @property
+    def tokens_per_iteration(self) -> float | None:
+        return self.stats.tokens_per_iteration if self._speculative else None
+
+    @property
+    def proposed(self) -> list[int] | None:
+        """Draft tokens proposed per iteration (our speculative runs only)."""
+        return self.stats.proposed if self._speculative else None
 
     @property
     def ms_per_token(self) -> float:
@@ -136,13 +151,8 @@ def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new
                     secs, out = timed(lambda: call(m, ids, max_new_tokens, torch.Generator().manual_seed(seed + i)),
                                        device)
                 seq = out.sequences if hasattr(out, "sequences") else out
-                stats = getattr(out, "stats", None)
-                spec = stats is not None and bool(stats.proposed)
                 runs.append(Run(m, i, rep, secs, ttft, seq.shape[1] - ids.shape[1], output=seq[0, ids.shape[1]:].tolist(),
-                                alpha=pooled_alpha([stats]) if spec else None,
-                                tokens_per_iteration=stats.tokens_per_iteration if spec else None,
-                                proposed=list(stats.proposed) if spec else None, stats=stats,
-                                target_forwards=log))
+                                stats=getattr(out, "stats", None), target_forwards=log))
     return runs
 
 
