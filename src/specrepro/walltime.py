@@ -74,9 +74,9 @@ def predicted_speedup_in_run(runs: list) -> float:
     each draft token is accepted independently with probability alpha. Its error against the measured speedup
     is the error of that assumption (plus how the EOS and max_new_tokens cut the last iteration)."""
     costs = iteration_costs(runs)
-    sp = [r.stats for r in runs if r.method == "speculative" and r.stats is not None]
-    lengths = [g for s in sp for g in s.proposed[1:]]
-    return theory.walltime_improvement_lengths(min(pooled_alpha(sp), 1.0), lengths, t_target=costs.step_ms,
+    alpha = pooled_alpha(r.stats for r in runs if r.method == "speculative" and r.stats is not None)
+    lengths = [g for g, k in costs.iterations.items() for _ in range(k)]  # the iterations the costs were timed on
+    return theory.walltime_improvement_lengths(min(alpha, 1.0), lengths, t_target=costs.step_ms,
                                                t_draft=costs.draft_ms, t_verify=costs.verify_ms,
                                                t_overhead=costs.overhead_ms)
 
