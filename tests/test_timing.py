@@ -1,6 +1,5 @@
 """The timing helpers: every call timed once, results as data (no speed is asserted: the machine is shared)."""
 
-import torch
 
 from specrepro import timing
 from specrepro.tiny import tiny_target
