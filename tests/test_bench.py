@@ -80,9 +80,9 @@ def test_every_method_logs_the_targets_forwards(pair):
     target, draft = pair
     runs = bench.run_bench(target, draft, [torch.tensor([[1, 2, 3]])], gamma=2, max_new_tokens=8, warmup=False)
     for r in runs:
-        assert r.target_forwards and all(n >= 1 and t > 0 for n, t in r.target_forwards)
+        assert r.forward_times and all(n >= 1 and t > 0 for n, t in r.forward_times)
         if r.stats is not None:  # ours: the hook sees exactly the forwards the loop recorded
-            assert [n for n, _ in r.target_forwards] == [n for n, _ in r.stats.target_forwards]
+            assert [n for n, _ in r.forward_times] == [n for n, _ in r.stats.target_forwards]
     s = bench.summarize(runs)
     assert s["autoregressive"]["target_forwards_per_token"] == 1.0
     for m in bench.METHODS:
@@ -97,3 +97,27 @@ def test_forward_log_removes_its_hooks(pair):
         target(input_ids=torch.tensor([[1, 2]]))
     target(input_ids=torch.tensor([[1, 2]]))
     assert [n for n, _ in log] == [2] and not target._forward_hooks and not target._forward_pre_hooks
+
+
+def test_sweep_row_sets_the_measured_speedup_beside_the_models():
+    from specrepro.generate import GenerationStats
+
+    # binary-exact times (s): autoregressive 100 ms per decode step, speculative 50 ms per token after the first;
+    # every speculative iteration after the first: draft 31.25 ms (2 drafts), target 62.5 ms, bookkeeping 31.25 ms
+    ar = GenerationStats(prompt_len=1, new_tokens=11, iteration_seconds=[0.125] + [0.1] * 10)
+    sp = GenerationStats(prompt_len=1, new_tokens=11, proposed=[2, 2, 2, 2], accepted=[2, 1, 0, 2],
+                         iteration_seconds=[0.25, 0.125, 0.125, 0.125], draft_seconds=[0.03125] * 4,
+                         target_seconds=[0.0625] * 4)
+    runs = [_run("autoregressive", 0, 1.125, 0.125, 11, ar), _run("speculative", 0, 0.625, 0.125, 11, sp)]
+    row = bench.sweep_row(runs, 2, draft_ms_per_token=20.0, verify_steps=[1.0, 1.2, 1.5])
+    tokens = 109 / 49  # Eq. 1 at alpha = 5/7, gamma = 2: 1 + 5/7 + 25/49
+    assert row["alpha"] == 5 / 7 and row["mean_proposed"] == 2 and row["tokens_measured"] == 2.25
+    assert row["measured_speedup"] == 2.0 and row["ar_ms"] == 100.0 and row["spec_ms"] == 50.0
+    assert (row["step_ms"], row["draft_ms"], row["overhead_ms"]) == pytest.approx((100.0, 15.625, 31.25))
+    assert row["tokens_model"] == pytest.approx(tokens)
+    assert row["predicted"] == pytest.approx(tokens * 100 / 125)  # 2 * 15.625 + 62.5 + 31.25 ms per iteration
+    assert row["predicted_apart"] == pytest.approx(tokens * 100 / 190)  # 2 * 20 + 1.5 * 100, no overhead
+    assert row["thm_3_8"] == pytest.approx(tokens / 1.4)  # c = 20 / 100
+    assert row["rel_error"] == pytest.approx(2.0 / (tokens * 100 / 125) - 1)
+    assert row["verify_steps_in_run"] == pytest.approx(0.625) and row["verify_steps_apart"] == 1.5
+    assert row["c"] == 0.2 and row["c_in_run"] == pytest.approx(0.15625)

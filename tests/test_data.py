@@ -4,21 +4,21 @@ import json
 
 import pytest
 
-from specrepro import data
+from specrepro import data, paths
 
 
 def test_prompt_sets_load_with_checksums():
     code, text = data.load_prompts("code"), data.load_prompts("text")
     assert len(code) == 164 and code[0]["task_id"] == "HumanEval/0"
     assert len(text) == len(data.HELD_OUT_PLAYS) * data.TEXT_PER_PLAY
-    sums = json.loads((data.PROMPTS_DIR / "checksums.json").read_text())
+    sums = json.loads((paths.PROMPTS / "checksums.json").read_text())
     assert set(sums) == {"code.jsonl", "text.jsonl"}
     with pytest.raises(ValueError, match="task must be"):
         data.load_prompts("xsum")
 
 
 def test_rebuilding_the_prompt_sets_reproduces_the_checksums(tmp_path):
-    assert data.build_prompt_sets(tmp_path) == json.loads((data.PROMPTS_DIR / "checksums.json").read_text())
+    assert data.build_prompt_sets(tmp_path) == json.loads((paths.PROMPTS / "checksums.json").read_text())
 
 
 def test_tampered_prompt_file_is_detected(tmp_path):
@@ -45,13 +45,29 @@ def test_code_prompts_go_through_the_chat_template():
     tok = load_tokenizer()
     ex = data.code_examples()[0]
     text = data.format_prompt(tok, "code", ex)
-    assert text.startswith("<|im_start|>") and ex["prompt"].rstrip() in text and text.endswith("<|im_start|>assistant\n")
+    assert text.startswith("<|im_start|>") and ex["prompt"].rstrip() in text
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_encode_prompt_is_the_formatted_prompt_as_one_row_of_ids():
+    import torch
+
+    from specrepro.models import load_tokenizer
+
+    tok = load_tokenizer()
+    for task, ex in (("code", data.code_examples()[0]), ("text", data.text_examples()[0])):
+        ids = data.encode_prompt(tok, task, ex)
+        assert ids.dtype == torch.long and ids.shape[0] == 1 and ids.shape[1] > 20
+        assert tok.decode(ids[0]) == data.format_prompt(tok, task, ex)  # every character of the prompt, no more
+        assert int(ids[0, 0]) == tok.convert_tokens_to_ids("<|im_start|>")
 
 
 def test_extract_code_takes_the_first_fenced_block():
-    assert data.extract_code("Sure:\n```python\ndef f():\n    return 1\n```\nIt returns 1.") == "def f():\n    return 1\n"
+    answer = "Sure:\n```python\ndef f():\n    return 1\n```\nIt returns 1."
+    assert data.extract_code(answer) == "def f():\n    return 1\n"
     assert data.extract_code("```\nx = 1\n```") == "x = 1\n"
-    assert data.extract_code("```python\ndef f():\n    return 1") == "def f():\n    return 1"  # cut before the fence closed
+    # cut before the fence closed
+    assert data.extract_code("```python\ndef f():\n    return 1") == "def f():\n    return 1"
     assert data.extract_code("    return 1\n") == "    return 1\n"  # no fence: the answer itself
 
 
@@ -78,3 +94,12 @@ def test_rouge2():
     assert data.rouge2_f1("a b c", "d e f") == 0.0
     # candidate bigrams {the cat, cat sat}, reference {the cat, cat ran}: P = R = 1/2
     assert data.rouge2_f1("The cat sat", "the cat ran") == pytest.approx(0.5)
+
+
+def test_answer_quality_is_pass_at_1_for_code_and_rouge2_for_text():
+    ex = data.code_examples()[2]  # truncate_number
+    assert data.answer_quality("code", ex, "    return number % 1.0\n") == 1.0
+    assert data.answer_quality("code", ex, "    return number\n") == 0.0
+    assert data.answer_quality("text", {"reference": "the cat ran"}, "The cat sat") == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="task must be"):
+        data.answer_quality("xsum", {}, "")

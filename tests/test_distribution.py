@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import draw
-from specrepro import autoregressive_generate, speculative_generate
+from specrepro import autoregressive_generate, generate, speculative_generate
 from specrepro.distribution import chisquare_gof, counts_of, exact_joint_distribution
-from specrepro.generate import _speculative_loop, _uniform
 from specrepro.sampling import SamplingConfig, sample_from, speculative_accept
+
+from conftest import draw
 
 FALSE_ALARM = 1e-3
 V = 8
@@ -108,27 +108,33 @@ def _replacement_from_target(p, q, x, u_accept, u_residual):
     return n, sample_from(p[torch.arange(p.shape[0]), n], u_residual)  # p_n instead of norm(max(0, p_n - q_n))
 
 
-def _reseeding_uniform(generator, shape):
+def _reseeding_uniform(generator, n):
     generator.manual_seed(generator.initial_seed())  # the "seed on every draw" bug
-    return _uniform(generator, shape)
+    return DRAW_UNIFORMS(generator, n)
 
 
+DRAW_UNIFORMS, PROPOSE, ACCEPT = generate.draw_uniforms, generate.propose, generate.accept
+# each bug is planted in one step function of the loop, through the step's own parameters
 BAD = {
-    "greedy-draft-with-stochastic-ratio": (T1, dict(target_cfg=T1, draft_cfg=T1, propose=_greedy_proposal)),
-    "replacement-from-p-not-residual": (T1, dict(target_cfg=T1, draft_cfg=T1, accept=_replacement_from_target)),
-    "reseed-generator-every-draw": (T1, dict(target_cfg=T1, draft_cfg=T1, uniform=_reseeding_uniform)),
-    "top-p-on-draft-only": (TP, dict(target_cfg=SamplingConfig(TP.temperature), draft_cfg=TP)),
+    "greedy-draft-with-stochastic-ratio": (T1, T1, "propose",
+                                           lambda *a, **k: PROPOSE(*a, **k, sample=_greedy_proposal)),
+    "replacement-from-p-not-residual": (T1, T1, "accept",
+                                        lambda *a, **k: ACCEPT(*a, **k, rule=_replacement_from_target)),
+    "reseed-generator-every-draw": (T1, T1, "draw_uniforms", _reseeding_uniform),
+    "top-p-on-draft-only": (TP, SamplingConfig(TP.temperature), "propose",
+                            lambda drf, seqs, lengths, cfg, gens: PROPOSE(drf, seqs, lengths, TP, gens)),
 }
 
 
 @pytest.mark.parametrize("name", BAD)
-def test_negative_controls_are_detected(pair64, name):
+def test_negative_controls_are_detected(pair64, name, monkeypatch):
     target, draft = pair64
-    expected_cfg, loop_kw = BAD[name]
+    expected_cfg, run_cfg, step, buggy = BAD[name]
+    monkeypatch.setattr(generate, step, buggy)
 
     def once(g):
-        return new_tokens(_speculative_loop(target, draft, PROMPT, gamma=2, max_new_tokens=2, eos=set(),
-                                            generator=g, **loop_kw))
+        return new_tokens(speculative_generate(target, draft, PROMPT, gamma=2, max_new_tokens=2, generator=g,
+                                               temperature=run_cfg.temperature, top_p=run_cfg.top_p))
 
     result = gof(target, draw(once, 600, 11), expected_cfg)
     assert result.rejects(FALSE_ALARM), result

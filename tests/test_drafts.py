@@ -8,7 +8,8 @@ from transformers import PhiForCausalLM
 
 from specrepro import autoregressive_generate, speculative_generate
 from specrepro import drafts as D
-from specrepro.models import MODELS_DIR, load_draft
+from specrepro.models import load_draft
+from specrepro.paths import MODELS as MODELS_DIR
 from specrepro.tiny import tiny_target
 
 
@@ -43,7 +44,8 @@ def test_expanded_draft_reproduces_the_cut_distribution(cut_draft):
         log_cut = cut(input_ids=table[x]).logits.log_softmax(-1)  # (2, 20, 64)
         log_full = full(input_ids=x).logits.log_softmax(-1)  # (2, 20, 49152)
     assert log_full.shape[-1] == D.TARGET_VOCAB
-    assert torch.allclose(log_full[..., kept], log_cut[..., :63], atol=2e-4)  # float32 log-sum-exp over 49,152 vs 64 ids
+    # float32 log-sum-exp over 49,152 vs 64 ids
+    assert torch.allclose(log_full[..., kept], log_cut[..., :63], atol=2e-4)
     unseen = torch.ones(D.TARGET_VOCAB, dtype=torch.bool)
     unseen[kept] = False
     assert torch.allclose(log_full[..., unseen].exp().sum(-1), log_cut[..., 63].exp(), rtol=1e-3, atol=0)
@@ -82,6 +84,25 @@ def test_early_exit_is_the_target_truncated():
         h = target(input_ids=x, output_hidden_states=True).hidden_states[2]  # after 2 layers
         expected = target.lm_head(target.model.norm(h))
         assert torch.allclose(ee(input_ids=x).logits, expected, atol=1e-5)
+
+
+def test_early_exit_for_training_unfreezes_only_the_fine_tuned_tensors():
+    target = tiny_target(32, hidden_size=16, layers=3, dtype=torch.float32)
+    ee = D.early_exit_for_training(target, 2)
+    trainable = sorted(n for n, p in ee.named_parameters() if p.requires_grad)
+    assert trainable == ["model.layers.1.mlp.down_proj.weight", "model.layers.1.self_attn.o_proj.weight",
+                         "model.norm.weight"]
+    assert all(p.requires_grad for p in target.parameters())  # the target itself is left as it was
+
+
+def test_update_manifest_sets_fields_and_keeps_the_rest(tmp_path):
+    D.save_prompt_lookup(tmp_path / "pl", 3, {"name": "pl", "measured": {"c": 1.0}})
+    before = D.read_manifest(tmp_path / "pl")
+    after = D.update_manifest(tmp_path / "pl", measured={"c": 0.5, "alpha": 0.25}, measured_on={"threads": 2})
+    assert after == before | {"measured": {"c": 0.5, "alpha": 0.25}, "measured_on": {"threads": 2}}
+    assert D.read_manifest(tmp_path / "pl") == after
+    assert (tmp_path / "pl" / "manifest.json").read_text() == json.dumps(after, indent=2, sort_keys=True) + "\n"
+    assert sorted(p.name for p in (tmp_path / "pl").iterdir()) == ["manifest.json"]  # no temporary file left
 
 
 def test_prompt_lookup_proposes_the_continuation_of_the_latest_match():
@@ -146,9 +167,10 @@ def test_lookup_hybrid_round_trips_as_a_manifest(cut_draft, tmp_path):
 
 
 SHIPPED = sorted(p.parent.name for p in MODELS_DIR.glob("*/manifest.json"))
+SMALL = [n for n in SHIPPED if json.loads((MODELS_DIR / n / "manifest.json").read_text())["kind"] == "small"]
 
 
-@pytest.mark.parametrize("name", [n for n in SHIPPED if json.loads((MODELS_DIR / n / "manifest.json").read_text())["kind"] == "small"])
+@pytest.mark.parametrize("name", SMALL)
 def test_shipped_small_drafts_load_with_the_target_vocabulary(name):
     manifest = json.loads((MODELS_DIR / name / "manifest.json").read_text())
     assert {"corpus_key", "steps", "final_loss", "seed", "measured"} <= set(manifest)

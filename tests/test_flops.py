@@ -93,9 +93,37 @@ def test_ledger_adds_up_to_every_forward():
                    for (n, c), g in zip(r.stats.target_forwards, r.stats.proposed))
     expect_d = sum(flops.forward_flops(draft.config, n, c, logits=1) for n, c in r.stats.draft_forwards)
     assert led.total == expect_t + expect_d
-    assert led.prefill == flops.forward_flops(target.config, 2, 0, logits=0) + flops.forward_flops(draft.config, 2, 0, logits=0)
+    assert led.prefill == (flops.forward_flops(target.config, 2, 0, logits=0)
+                           + flops.forward_flops(draft.config, 2, 0, logits=0))
     assert (led.target_wasted > 0) == any(n < g for n, g in zip(r.stats.accepted, r.stats.proposed))
     ar = autoregressive_generate(target, ids, max_new_tokens=20, generator=torch.Generator().manual_seed(0))
     led_ar = flops.ledger(ar.stats, target.config)
     assert led_ar.wasted_fraction == 0 and led_ar.total == sum(
         flops.forward_flops(target.config, n, c, logits=1) for n, c in ar.stats.target_forwards)
+
+
+def test_operations_vs_theory_counts_full_gamma_iterations_only():
+    from specrepro.generate import GenerationStats
+
+    # no layers: a forward costs its LM head alone, 2 * d * V = 80 FLOPs per logit row
+    shape = flops.Shape(d_model=4, layers=0, heads=1, kv_heads=1, head_dim=4, d_ff=8, vocab=10, gated=False, tied=True)
+    ar = GenerationStats(prompt_len=1, new_tokens=4, target_forwards=[(1, 0), (1, 1), (1, 2), (1, 3)])
+    # gamma 2: all accepted (3 tokens), none accepted (1 token, 2 of 3 rows wasted), then a last, shortened one
+    sp = GenerationStats(prompt_len=1, new_tokens=6, target_forwards=[(3, 0), (3, 3), (2, 4)],
+                         draft_forwards=[(1, 0)] * 5, proposed=[2, 2, 1], accepted=[2, 0, 1])
+    row = flops.operations_vs_theory([ar], [sp], 2, shape, None, context=3)
+    assert row["alpha"] == 2 / 3  # 2 accepted of 3 tested; the shortened iteration is left out
+    assert row["c_hat"] == 0.0
+    assert row["measured_ops_factor"] == 1.5  # (2 * 240 FLOPs / 4 tokens) / (320 / 4)
+    assert row["wasted_fraction"] == 1 / 3  # 160 of 480
+    assert row["tokens_per_iteration"] == 2.0  # (3 + 1 + 2) / 3, every iteration
+    assert row["thm_3_11"] == pytest.approx(27 / 19)  # (1 - a)(2 + 1) / (1 - a^3) at a = 2/3
+    assert row["rel_gap"] == pytest.approx(1.5 * 19 / 27 - 1)
+
+
+def test_c_hat_is_the_ratio_of_decode_step_flops():
+    target, draft = tiny_target(16), tiny_draft(16)
+    assert flops.c_hat(target.config, target.config, 10) == 1.0
+    assert flops.c_hat(target.config, None, 10) == 0.0
+    assert flops.c_hat(target.config, draft.config, 10) == (flops.forward_flops(draft.config, 1, 10, logits=1)
+                                                            / flops.forward_flops(target.config, 1, 10, logits=1))

@@ -67,7 +67,7 @@ def test_stats_account_for_every_forward(pair64):
     assert s.draft_calls == sum(s.proposed)
     # the target sees the prompt once, then gamma+1 tokens per iteration, minus the rejected drafts re-fed
     assert s.target_forwards[0] == (9 + s.proposed[0], 0)
-    for (n_tok, cache_len), g in zip(s.target_forwards[1:], s.proposed[1:]):
+    for (n_tok, _cache_len), g in zip(s.target_forwards[1:], s.proposed[1:]):
         assert n_tok == g + 1
     # after each iteration the cache holds everything but the pending token
     lengths = [9 - 1]
@@ -117,7 +117,15 @@ def test_float32_models_work_and_draft_equal_to_target_accepts_everything():
     (dict(top_p=0.0), ValueError, "top_p"), (dict(top_p=1.01), ValueError, "top_p"),
     (dict(input_ids=torch.zeros(1, 0, dtype=torch.long)), ValueError, "prompt is empty"),
     (dict(input_ids=torch.zeros(1, 3)), ValueError, "LongTensor"),
-    (dict(input_ids=torch.zeros(2, 3, dtype=torch.long)), NotImplementedError, "batch size 2"),
+    (dict(input_ids=torch.zeros(2, 3, dtype=torch.long), attention_mask=torch.ones(2, 2, dtype=torch.long)),
+     ValueError, "attention_mask must have input_ids' shape"),
+    (dict(input_ids=torch.zeros(2, 3, dtype=torch.long), attention_mask=torch.tensor([[1, 1, 0], [1, 1, 1]])),
+     ValueError, "left-padded"),
+    (dict(input_ids=torch.zeros(2, 3, dtype=torch.long), attention_mask=torch.tensor([[0, 0, 0], [1, 1, 1]])),
+     ValueError, "all padding"),
+    (dict(input_ids=torch.zeros(2, 3, dtype=torch.long), eos_token_id=7), ValueError, "pad_token_id"),
+    (dict(input_ids=torch.zeros(2, 3, dtype=torch.long), generator=[torch.Generator()]), ValueError,
+     "one per row"),
 ])
 def test_bad_arguments_raise_clear_errors(pair64, kwargs, exc, match):
     target, draft = pair64

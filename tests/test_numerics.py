@@ -68,7 +68,8 @@ def test_same_seed_gives_different_text_but_first_difference_is_found():
     target, draft = tiny_target(8), tiny_draft(8)
     diffs = []
     for seed in range(10):
-        a = autoregressive_generate(target, PROMPT % 8, max_new_tokens=12, generator=torch.Generator().manual_seed(seed))
+        a = autoregressive_generate(target, PROMPT % 8, max_new_tokens=12,
+                                    generator=torch.Generator().manual_seed(seed))
         b = speculative_generate(target, draft, PROMPT % 8, gamma=3, max_new_tokens=12,
                                  generator=torch.Generator().manual_seed(seed))
         diffs.append(N.first_difference(a.sequences[0, 4:], b.sequences[0, 4:]))
@@ -88,6 +89,14 @@ def test_paired_quality_test_verdicts():
     assert "reproducibly worse" in N.paired_quality_test(a, a - 0.05).verdict
     with pytest.raises(ValueError):
         N.paired_quality_test([1, 0], [1])
+
+
+def test_paired_quality_test_reads_its_significance_level():
+    # McNemar on 8 prompts only a passed, 1 only b passed: p = 2 * (9 + 1) / 2**9 = 0.0390625
+    a, b = [1] * 8 + [0] + [1] * 5, [0] * 8 + [1] + [1] * 5
+    assert N.paired_quality_test(a, b, level=0.05).p_value == pytest.approx(0.0390625)
+    assert "reproducibly worse (p = 0.0391 < 0.05)" in N.paired_quality_test(a, b, level=0.05).verdict
+    assert "no significant difference (p = 0.0391 >= 0.01)" in N.paired_quality_test(a, b, level=0.01).verdict
 
 
 def test_two_sample_chisquare_and_power():

@@ -6,8 +6,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from specrepro.paths import ROOT as REPO_ROOT
 from specrepro.pipeline import NotebookFailed, declared_parameters, main, run_notebook
-from specrepro.report import REPO_ROOT, Report, write_json
+from specrepro.report import Report, write_json
 
 NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb"))
 
@@ -87,7 +88,7 @@ def test_report_writes_json_without_nan(tmp_path):
 def test_git_commit_is_dirty_for_code_changes_not_for_waiting_outputs(tmp_path, monkeypatch):
     import subprocess
 
-    from specrepro import report
+    from specrepro import paths, report
 
     def git(*args):
         subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
@@ -98,7 +99,7 @@ def test_git_commit_is_dirty_for_code_changes_not_for_waiting_outputs(tmp_path, 
     git("init", "-q")
     git("add", ".")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
-    monkeypatch.setattr(report, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(paths, "ROOT", tmp_path)
     assert not report.git_commit().endswith("+dirty")
     (tmp_path / "outputs" / "metrics.json").write_text('{"a": 1}')
     assert not report.git_commit().endswith("+dirty")

@@ -4,11 +4,17 @@ import math
 
 import pytest
 import torch
-from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
-                                                    TopPLogitsWarper)
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from specrepro.sampling import (SamplingConfig, check_logits, greedy_accept, probs_from_logits, sample_from,
-                                speculative_accept, warp_logits)
+from specrepro.sampling import (
+    SamplingConfig,
+    check_logits,
+    greedy_accept,
+    probs_from_logits,
+    sample_from,
+    speculative_accept,
+    warp_logits,
+)
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [
@@ -132,7 +138,10 @@ def test_enumeration_detects_sampling_the_replacement_from_p():
 
 def test_acceptance_rule_greedy_one_hots():
     V = 6
-    onehot = lambda i: torch.nn.functional.one_hot(torch.tensor(i), V).double()
+
+    def onehot(i):
+        return torch.nn.functional.one_hot(torch.tensor(i), V).double()
+
     p = torch.stack([onehot(2), onehot(4), onehot(1), onehot(0)])[None]  # target argmaxes 2, 4, 1, 0
     x = torch.tensor([[2, 4, 5]])
     q = torch.stack([onehot(2), onehot(4), onehot(5)])[None]

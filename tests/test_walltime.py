@@ -25,8 +25,8 @@ def test_predicted_speedup_is_the_generalised_model():
 
 
 def test_prediction_in_decode_steps_scales_the_verification_by_the_run_step():
-    got = walltime.predicted_speedup_in_steps(0.8, 2, ar_ms_per_token=50, draft_ms_per_token=5, verify_steps=[1.0, 1.1, 1.2],
-                                           lengths=[2, 0])
+    got = walltime.predicted_speedup_in_steps(0.8, 2, ar_ms_per_token=50, draft_ms_per_token=5,
+                                           verify_steps=[1.0, 1.1, 1.2], lengths=[2, 0])
     tokens, ms = theory.expected_tokens(0.8, 2) + 1, (2 * 5 + 1.2 * 50) + 50
     assert got == pytest.approx(tokens * 50 / ms)
 
@@ -43,7 +43,8 @@ def test_iteration_costs_skip_the_prefill_and_split_by_proposal_length():
     ar = _stats([], [], [9.0, 0.10, 0.12], [0.0] * 3, [8.9, 0.09, 0.11])
     sp = _stats([3, 3, 0, 2], [0, 3, 0, 1], [9.0, 0.14, 0.11, 0.13],
                 [0.5, 0.006, 0.001, 0.004], [8.0, 0.13, 0.10, 0.12])
-    costs = walltime.iteration_costs([_run("autoregressive", 0, 9.22, 9.0, 3, ar), _run("speculative", 0, 9.38, 9.0, 8, sp)])
+    costs = walltime.iteration_costs([_run("autoregressive", 0, 9.22, 9.0, 3, ar),
+                                      _run("speculative", 0, 9.38, 9.0, 8, sp)])
     assert costs.step_ms == pytest.approx(110)
     assert costs.draft_ms == pytest.approx(11 / 5)  # 11 ms of draft work for 5 proposed tokens
     assert costs.verify_ms == pytest.approx({0: 100, 2: 120, 3: 130})
@@ -83,3 +84,11 @@ def test_costs_from_real_runs_add_up():
              + costs.overhead_ms * sum(costs.iterations.values()))
     assert parts == pytest.approx(total)
     assert 0 < walltime.predicted_speedup_in_run(runs) < 10
+
+
+def test_iteration_costs_means_weight_each_proposal_length_by_its_iterations():
+    costs = walltime.IterationCosts(step_ms=100.0, draft_ms=10.0, verify_ms={1: 120.0, 3: 160.0}, overhead_ms=4.0,
+                                    iterations={1: 1, 3: 3})
+    assert costs.mean_proposed == 2.5  # (1 + 3 * 3) / 4
+    assert costs.mean_verify_ms == 150.0  # (120 + 3 * 160) / 4
+    assert costs.iteration_ms == 179.0  # 2.5 * 10 + 150 + 4

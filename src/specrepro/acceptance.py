@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 
 import torch
 
-from .data import format_prompt, load_prompts
+from . import paths
+from .data import encode_prompt, format_prompt, load_prompts
 from .generate import autoregressive_generate
-from .models import CACHE_DIR
-from .report import tmp_path
 from .sampling import SamplingConfig, probs_from_logits
 
 
@@ -40,21 +38,19 @@ def target_continuations(target, tokenizer, task: str, *, n_prompts: int, n_toke
     texts = [format_prompt(tokenizer, task, ex) for ex in examples]  # the key changes with the prompt format
     key = hashlib.sha256(json.dumps([task, n_prompts, n_tokens, temperature, seed, target_id, texts]).encode()
                          ).hexdigest()[:16]
-    path = CACHE_DIR / "continuations" / f"{task}-{key}.pt"
+    path = paths.CACHE / "continuations" / f"{task}-{key}.pt"
     if cache and target_id and path.exists():
         return torch.load(path)
     g = torch.Generator().manual_seed(seed)
     out = []
-    for ex, text in zip(examples, texts):
-        ids = tokenizer(text, return_tensors="pt").input_ids
+    for ex in examples:
+        ids = encode_prompt(tokenizer, task, ex)
         r = autoregressive_generate(target, ids, max_new_tokens=n_tokens, temperature=temperature,
                                     eos_token_id=tokenizer.eos_token_id, generator=g)
         out.append(dict(task_id=ex["task_id"], prompt_ids=ids, new_ids=r.sequences[:, ids.shape[1]:]))
     if cache and target_id:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = tmp_path(path)
-        torch.save(out, tmp)
-        os.replace(tmp, path)
+        with paths.writing_file(path) as tmp:
+            torch.save(out, tmp)
     return out
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import walltime
+from . import theory, walltime
 from .generate import GenerationStats, autoregressive_generate, pooled_alpha, speculative_generate
 from .timing import forward_log, timed
 
@@ -36,11 +36,12 @@ def hf_generate(target, input_ids, *, max_new_tokens: int, temperature: float = 
     transformers reads and, for the heuristic schedule, mutates) is restored afterwards. A `PromptLookupDraft` maps
     to transformers' own prompt lookup decoding (`prompt_lookup_num_tokens`, `max_matching_ngram_size`).
     """
-    from .drafts import PromptLookupDraft
     from transformers import GenerationConfig
 
-    kw = dict(max_new_tokens=max_new_tokens, min_new_tokens=0, pad_token_id=eos_token_id if eos_token_id is not None else 0,
-              eos_token_id=eos_token_id)
+    from .drafts import PromptLookupDraft
+
+    kw = dict(max_new_tokens=max_new_tokens, min_new_tokens=0,
+              pad_token_id=eos_token_id if eos_token_id is not None else 0, eos_token_id=eos_token_id)
     if temperature > 0:
         kw |= dict(do_sample=True, temperature=temperature, top_k=top_k or 0, top_p=top_p if top_p is not None else 1.0)
     else:
@@ -94,8 +95,8 @@ class Run:
     ttft_seconds: float
     new_tokens: int
     output: list[int] | None = None  # the generated token ids, for quality metrics
-    stats: "GenerationStats | None" = None  # ours only (autoregressive and speculative): forwards and in-run times
-    target_forwards: list[tuple[int, float]] | None = None  # every target forward of the run: (tokens fed, seconds)
+    stats: GenerationStats | None = None  # ours only (autoregressive and speculative): forwards and in-run times
+    forward_times: list[tuple[int, float]] | None = None  # every target forward of the run: (tokens fed, seconds)
 
     @property
     def _speculative(self) -> bool:
@@ -146,13 +147,17 @@ def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new
     for rep in range(repeats):
         for i, ids in enumerate(prompts):
             for m in methods:
-                ttft, _ = timed(lambda: call(m, ids, 1, torch.Generator().manual_seed(seed + i)), device)
+                # defaults bind this iteration's m, ids, i; the generator is still built inside the timed call
+                ttft, _ = timed(lambda m=m, ids=ids, i=i: call(m, ids, 1, torch.Generator().manual_seed(seed + i)),
+                                device)
                 with forward_log(target, device) as log:
-                    secs, out = timed(lambda: call(m, ids, max_new_tokens, torch.Generator().manual_seed(seed + i)),
-                                       device)
+                    secs, out = timed(lambda m=m, ids=ids, i=i: call(m, ids, max_new_tokens,
+                                                                     torch.Generator().manual_seed(seed + i)),
+                                      device)
                 seq = out.sequences if hasattr(out, "sequences") else out
-                runs.append(Run(m, i, rep, secs, ttft, seq.shape[1] - ids.shape[1], output=seq[0, ids.shape[1]:].tolist(),
-                                stats=getattr(out, "stats", None), target_forwards=log))
+                runs.append(Run(m, i, rep, secs, ttft, seq.shape[1] - ids.shape[1],
+                                output=seq[0, ids.shape[1]:].tolist(), stats=getattr(out, "stats", None),
+                                forward_times=log))
     return runs
 
 
@@ -178,9 +183,9 @@ def summarize(runs: list[Run]) -> dict[str, dict]:
                       ttft_ms=1e3 * statistics.median(r.ttft_seconds for r in rs),
                       spread_ms_per_token=(min(r.ms_per_token for r in rs), max(r.ms_per_token for r in rs)),
                       tokens=sum(r.new_tokens for r in rs), runs=len(rs))
-        if all(r.target_forwards is not None for r in rs):  # where the time goes, any method alike
+        if all(r.forward_times is not None for r in rs):  # where the time goes, any method alike
             tokens = sum(r.new_tokens for r in rs)
-            fwd = [f for r in rs for f in r.target_forwards]
+            fwd = [f for r in rs for f in r.forward_times]
             out[m] |= dict(target_forwards_per_token=len(fwd) / tokens,
                            target_forward_ms_per_token=1e3 * sum(t for _, t in fwd) / tokens,
                            other_ms_per_token=1e3 * (sum(r.seconds for r in rs) - sum(t for _, t in fwd)) / tokens)
@@ -193,9 +198,41 @@ def summarize(runs: list[Run]) -> dict[str, dict]:
     return out
 
 
+def sweep_row(runs: list[Run], gamma: int, *, draft_ms_per_token: float, verify_steps: list[float]) -> dict:
+    """One point of a gamma sweep or a draft sweep: the measured speedup of `run_bench`'s autoregressive and
+    speculative runs at `gamma`, beside what the walltime model predicts for the same runs (times in ms).
+
+    predicted: `walltime.predicted_speedup_in_run`, every cost timed inside the runs. predicted_apart:
+    `walltime.predicted_speedup_in_steps`, with the draft's speed (`draft_ms_per_token`) and the verification
+    cost (`verify_steps[g]` decode steps for a forward of g + 1 tokens) timed apart. thm_3_8: Thm 3.8 at
+    c = draft_ms_per_token / the autoregressive time per token (verification costing one step). tokens_model and
+    tokens_measured: mean tokens per iteration, Eq. 1 at the measured alpha and proposal lengths, and as they
+    happened. rel_error, rel_error_apart: measured / predicted - 1. c_in_run: the draft's time per proposed token
+    over the decode step, both timed inside the runs."""
+    s, costs = summarize(runs), walltime.iteration_costs(runs)
+    spec = [r.stats for r in runs if r.method == "speculative"]
+    alpha, lengths = pooled_alpha(spec), walltime.proposal_lengths(runs)
+    ar_ms, measured = s["autoregressive"]["decode_ms_per_token"], s["speculative"]["speedup"]
+    predicted = walltime.predicted_speedup_in_run(runs)
+    apart = walltime.predicted_speedup_in_steps(alpha, gamma, ar_ms_per_token=ar_ms,
+                                                draft_ms_per_token=draft_ms_per_token, verify_steps=verify_steps,
+                                                lengths=lengths)
+    a = min(alpha, 1.0)
+    return dict(gamma=gamma, alpha=alpha, mean_proposed=statistics.mean(lengths), measured_speedup=measured,
+                predicted=predicted, predicted_apart=apart,
+                thm_3_8=theory.walltime_improvement(a, gamma, draft_ms_per_token / ar_ms),
+                tokens_model=statistics.mean(1.0 if n == 0 else theory.expected_tokens(a, n) for n in lengths),
+                tokens_measured=statistics.mean(n + 1 for st in spec for n in st.accepted),
+                verify_steps_in_run=costs.verify_steps.get(gamma, math.nan), verify_steps_apart=verify_steps[gamma],
+                step_ms=costs.step_ms, draft_ms=costs.draft_ms, overhead_ms=costs.overhead_ms, ar_ms=ar_ms,
+                spec_ms=s["speculative"]["decode_ms_per_token"], rel_error=measured / predicted - 1,
+                rel_error_apart=measured / apart - 1, c=draft_ms_per_token / ar_ms,
+                c_in_run=costs.draft_ms / costs.step_ms)
+
+
 def main(argv: list[str] | None = None) -> int:
     from .acceptance import eval_prompts
-    from .data import format_prompt
+    from .data import encode_prompt
     from .kernels import use_small_row_matmul
     from .models import load_draft, load_target, load_tokenizer
 
@@ -224,8 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         use_small_row_matmul(target)
         use_small_row_matmul(draft)
     tok = load_tokenizer(args.target)
-    prompts = [tok(format_prompt(tok, args.task, ex), return_tensors="pt").input_ids
-               for ex in eval_prompts(args.task, args.prompts)]
+    prompts = [encode_prompt(tok, args.task, ex) for ex in eval_prompts(args.task, args.prompts)]
     hf_ok = not args.no_hf and hf_supports(draft)
     methods = METHODS if hf_ok else METHODS[:2]
     runs = run_bench(target, draft, prompts, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
@@ -235,9 +271,11 @@ def main(argv: list[str] | None = None) -> int:
     alpha = pooled_alpha(r.stats for r in runs if r.method == "speculative")
     ctx = int(statistics.mean(p.shape[1] for p in prompts)) + args.max_new_tokens // 2
     verify = walltime.verify_ms(target, ctx, args.gamma, device=args.device)
-    apart = walltime.predicted_speedup(alpha, args.gamma, ar_ms_per_token=summary["autoregressive"]["decode_ms_per_token"],
-                              draft_ms_per_token=walltime.draft_ms_per_token(draft, prompts[0]), forward_ms_1=verify[0],
-                              forward_ms_verify=verify, lengths=walltime.proposal_lengths(runs))
+    apart = walltime.predicted_speedup(alpha, args.gamma,
+                                       ar_ms_per_token=summary["autoregressive"]["decode_ms_per_token"],
+                                       draft_ms_per_token=walltime.draft_ms_per_token(draft, prompts[0]),
+                                       forward_ms_1=verify[0], forward_ms_verify=verify,
+                                       lengths=walltime.proposal_lengths(runs))
     costs = walltime.iteration_costs(runs)
     print(f"target {args.target}, draft {args.draft}, gamma {args.gamma}, T={args.temperature}, "
           f"{len(prompts)} {args.task} prompts x {args.repeats}, {torch.get_num_threads()} threads, {args.device}")
@@ -249,8 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"in-run costs: decode step {costs.step_ms:.1f} ms, draft {costs.draft_ms:.2f} ms/token, overhead "
           f"{costs.overhead_ms:.2f} ms/iteration, verification in decode steps "
           + ", ".join(f"g={g}: {v:.2f} (x{costs.iterations[g]})" for g, v in costs.verify_steps.items()))
-    print(f"alpha {alpha:.3f}; the generalised walltime model predicts {walltime.predicted_speedup_in_run(runs):.2f}x with "
-          f"the costs timed in the runs, {apart:.2f}x with the costs timed apart")
+    print(f"alpha {alpha:.3f}; the generalised walltime model predicts "
+          f"{walltime.predicted_speedup_in_run(runs):.2f}x with the costs timed in the runs, "
+          f"{apart:.2f}x with the costs timed apart")
     return 0
 
 

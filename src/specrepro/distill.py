@@ -17,17 +17,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 
 import torch
-from transformers import DynamicCache
 
+from . import paths
 from .data import chat, distillation_requests
-from .generate import _cache_kwarg
-from .models import CACHE_DIR
-from .report import tmp_path
+from .kvcache import make_cache, model_forward
 
 
 @dataclass(frozen=True)
@@ -74,13 +71,13 @@ def generate_batch(target, prompt_ids: list[list[int]], *, max_new_tokens: int, 
     for b, p in enumerate(prompt_ids):
         ids[b, L - len(p):], mask[b, L - len(p):] = torch.tensor(p), 1
     x, mask = ids.to(device), mask.to(device)
-    cache, cache_kwarg = DynamicCache(), _cache_kwarg(target)
+    cache = make_cache(target)
     live = list(range(B))  # original row of each batch row still decoding
     answers, top_ids, top_logp = [[] for _ in range(B)], [[] for _ in range(B)], [[] for _ in range(B)]
     for _ in range(max_new_tokens):
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)[:, -x.shape[1]:]
-        logits = target(input_ids=x, attention_mask=mask, position_ids=position_ids, use_cache=True,
-                        logits_to_keep=1, **{cache_kwarg: cache}).logits[:, -1].float()
+        logits = model_forward(target, x, cache, attention_mask=mask, position_ids=position_ids,
+                               logits_to_keep=1).logits[:, -1].float()
         logp = logits.log_softmax(-1)
         top = logp.topk(top_k, dim=-1)
         if temperature == 0:
@@ -131,7 +128,7 @@ def target_answers(target, tokenizer, cfg: DistillConfig, *, target_id: str, log
     """
     prompts = requests(cfg)
     key = label_key(prompts, cfg, target_id)
-    folder = CACHE_DIR / "distill" / key
+    folder = paths.CACHE / "distill" / key
     folder.mkdir(parents=True, exist_ok=True)
     encoded = [tokenizer(chat(tokenizer, p), add_special_tokens=False).input_ids for p in prompts]
     encoded.sort(key=len)  # batches of similar lengths waste little on padding
@@ -146,10 +143,9 @@ def target_answers(target, tokenizer, cfg: DistillConfig, *, target_id: str, log
         answers = generate_batch(target, part, max_new_tokens=cfg.max_new_tokens, top_k=cfg.top_k,
                                  eos_token_id=tokenizer.eos_token_id, temperature=cfg.temperature, generator=g)
         rows = [pack(p, a, cfg.context, tokenizer.eos_token_id) for p, a in zip(part, answers)]
-        tmp = tmp_path(path)
-        torch.save({name: torch.stack([r[i] for r in rows]) for i, name in
-                    enumerate(("tokens", "mask", "topk_ids", "topk_logp"))}, tmp)
-        os.replace(tmp, path)
+        with paths.writing_file(path) as tmp:
+            torch.save({name: torch.stack([r[i] for r in rows]) for i, name in
+                        enumerate(("tokens", "mask", "topk_ids", "topk_logp"))}, tmp)
         done_tokens += sum(len(a["answer"]) for a in answers)
         log(f"shard {s + 1}/{n_shards}: {done_tokens / (time.perf_counter() - t0):.0f} answer tokens/s")
     shards = [torch.load(folder / f"shard{s:04d}.pt") for s in range(n_shards)]

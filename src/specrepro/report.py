@@ -3,7 +3,8 @@
 A notebook creates one `Report(out_dir, ...)` in its setup cell and sends every figure and table through it.
 `environment.json` records package versions, device, dtype, threads and the git commit, so any figure can be
 traced to the code and machine that drew it; the pipeline (`specrepro.pipeline`) adds `parameters.json`.
-Every file is written to a temporary name and renamed into place, so a crash never leaves half a file.
+Every file is written through `paths.writing_file` (a temporary name, then a rename), so a crash never leaves half a
+file.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import json
 import math
 import os
 import platform
-import shutil
 import subprocess
 import sys
 from importlib import metadata
@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from . import paths
+
 PACKAGES = ("specrepro", "torch", "transformers", "accelerate", "datasets", "numpy", "scipy", "pandas",
             "seaborn", "matplotlib", "papermill", "gguf")
 
@@ -31,10 +32,10 @@ def git_commit() -> str:
     from it; 'unknown' outside git. Other notebooks' results waiting in outputs/ to be committed do not change
     what a run computes, so they do not count."""
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=paths.ROOT, capture_output=True, text=True,
                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!outputs"], cwd=REPO_ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!outputs"],
+                               cwd=paths.ROOT, capture_output=True, text=True, check=True).stdout.strip()
         return sha + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -90,28 +91,10 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def tmp_path(path: str | os.PathLike) -> Path:
-    """A temporary sibling of `path`, unique to this process, to write into before renaming onto `path`."""
-    path = Path(path)
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
-
-
-def replace_dir(tmp: Path, folder: Path) -> None:
-    """Move a finished folder `tmp` onto `folder`, replacing what was there. If another process put a folder there
-    in the meantime, the last one wins; a reader never sees a half-written folder."""
-    old = tmp_path(folder.with_name(folder.name + ".old"))
-    if folder.exists():
-        folder.rename(old)
-    os.replace(tmp, folder)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def write_json(path: Path, data: Any) -> None:
     """Write JSON atomically (temporary file, then rename)."""
-    path = Path(path)
-    tmp = tmp_path(path)
-    tmp.write_text(json.dumps(_jsonable(data), indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    with paths.writing_file(path) as tmp:
+        tmp.write_text(json.dumps(_jsonable(data), indent=2, sort_keys=True) + "\n")
 
 
 class Report:
@@ -127,17 +110,15 @@ class Report:
     def figure(self, fig, name: str) -> Path:
         """Save a matplotlib figure as PNG (and SVG for print)."""
         for ext in ("png", "svg"):
-            tmp = self.dir / f".{name}.tmp.{ext}"
-            fig.savefig(tmp, dpi=130, bbox_inches="tight", format=ext)
-            os.replace(tmp, self.dir / f"{name}.{ext}")
+            with paths.writing_file(self.dir / f"{name}.{ext}") as tmp:
+                fig.savefig(tmp, dpi=130, bbox_inches="tight", format=ext)
         return self.dir / f"{name}.png"
 
     def table(self, df, name: str) -> Path:
         """Save a pandas DataFrame as CSV."""
         path = self.dir / f"{name}.csv"
-        tmp = self.dir / f".{name}.tmp.csv"
-        df.to_csv(tmp, index=False)
-        os.replace(tmp, path)
+        with paths.writing_file(path) as tmp:
+            df.to_csv(tmp, index=False)
         return path
 
     def metrics(self, **values: Any) -> dict[str, Any]:

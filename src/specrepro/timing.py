@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
+
+from .kvcache import make_cache, model_forward
 
 
 def synchronize(device: str | torch.device | None = None) -> None:
@@ -41,10 +43,6 @@ class Timing:
     threads: int = field(default_factory=torch.get_num_threads)
 
     @property
-    def median(self) -> float:
-        return statistics.median(self.seconds)
-
-    @property
     def per_unit(self) -> list[float]:
         return [s / u for s, u in zip(self.seconds, self.units)]
 
@@ -52,11 +50,6 @@ class Timing:
     def median_per_unit(self) -> float:
         """Median over runs of seconds per unit (e.g. seconds per output token)."""
         return statistics.median(self.per_unit)
-
-    @property
-    def spread_per_unit(self) -> tuple[float, float]:
-        """(min, max) seconds per unit over the runs."""
-        return min(self.per_unit), max(self.per_unit)
 
 
 def time_interleaved(fns: dict[str, Callable[[], int]], *, repeats: int = 3, warmup: int = 1,
@@ -104,22 +97,21 @@ def forward_log(model, device=None):
 
 
 @torch.no_grad()
-def forward_seconds(model, prefix_len: int, new_tokens: int, *, repeats: int = 5, device=None) -> float:
-    """Median time of one forward of `new_tokens` tokens on a KV cache of `prefix_len` tokens (the cost of one
-    decode step for new_tokens = 1, of one verification of gamma drafts for new_tokens = gamma + 1)."""
-    from transformers import DynamicCache
-
+def forward_seconds(model, prefix_len: int, new_tokens: int, *, repeats: int = 5, device=None,
+                    batch_size: int = 1) -> float:
+    """Median time of one forward of `new_tokens` tokens on a KV cache of `prefix_len` tokens, for `batch_size`
+    rows (the cost of one decode step for new_tokens = 1, of one verification of gamma drafts for new_tokens =
+    gamma + 1)."""
     dev = next(model.parameters()).device
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
-    prefix = torch.randint(vocab, (1, prefix_len), generator=g).to(dev)
-    new = torch.randint(vocab, (1, new_tokens), generator=g).to(dev)
-    cache = DynamicCache(config=model.config)
-    model(input_ids=prefix, use_cache=True, cache=cache, logits_to_keep=1)
+    prefix = torch.randint(vocab, (batch_size, prefix_len), generator=g).to(dev)
+    new = torch.randint(vocab, (batch_size, new_tokens), generator=g).to(dev)
+    cache = make_cache(model)
+    model_forward(model, prefix, cache, logits_to_keep=1)
     times = []
     for _ in range(repeats + 1):  # the first is a warm-up
-        times.append(timed(lambda: model(input_ids=new, use_cache=True, cache=cache, logits_to_keep=new_tokens),
-                           device)[0])
+        times.append(timed(lambda: model_forward(model, new, cache, logits_to_keep=new_tokens), device)[0])
         cache.crop(-new_tokens)
     return statistics.median(times[1:])
 

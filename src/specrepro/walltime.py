@@ -20,6 +20,7 @@ from . import theory
 from .generate import autoregressive_generate, pooled_alpha
 from .timing import forward_seconds, timed
 
+
 @dataclass(frozen=True)
 class IterationCosts:
     """Costs timed inside the runs (`GenerationStats` times), in ms, over every iteration but each run's first
@@ -43,6 +44,21 @@ class IterationCosts:
     def verify_steps(self) -> dict[int, float]:
         """verify_ms[g] in decode steps."""
         return {g: v / self.step_ms for g, v in self.verify_ms.items()}
+
+    @property
+    def mean_proposed(self) -> float:
+        """Drafts proposed per iteration, on average over the timed iterations."""
+        return sum(g * k for g, k in self.iterations.items()) / sum(self.iterations.values())
+
+    @property
+    def mean_verify_ms(self) -> float:
+        """The target's part of an iteration, on average over the timed iterations."""
+        return sum(self.verify_ms[g] * k for g, k in self.iterations.items()) / sum(self.iterations.values())
+
+    @property
+    def iteration_ms(self) -> float:
+        """Mean time of one iteration: its drafts, the target's part and the bookkeeping."""
+        return self.mean_proposed * self.draft_ms + self.mean_verify_ms + self.overhead_ms
 
 
 def iteration_costs(runs: list) -> IterationCosts:
@@ -105,8 +121,8 @@ def predicted_speedup_in_steps(alpha: float, gamma: int, *, ar_ms_per_token: flo
     of g+1 tokens (measured side by side), times the decode step timed in the runs themselves, so that machine
     drift between the cost measurement and the runs cancels."""
     return predicted_speedup(alpha, gamma, ar_ms_per_token=ar_ms_per_token, draft_ms_per_token=draft_ms_per_token,
-                             forward_ms_1=ar_ms_per_token, forward_ms_verify=[ar_ms_per_token * r for r in verify_steps],
-                             lengths=lengths)
+                             forward_ms_1=ar_ms_per_token,
+                             forward_ms_verify=[ar_ms_per_token * r for r in verify_steps], lengths=lengths)
 
 
 def verify_ms(target, context: int, gamma: int, device=None) -> list[float]:
