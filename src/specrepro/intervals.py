@@ -1,0 +1,52 @@
+"""Confidence intervals for the package's claims: the percentile bootstrap over independent units (prompts, or
+batches of prompts), resampled in pairs so that two methods measured on the same units stay matched.
+
+Efron & Tibshirani 1993, "An Introduction to the Bootstrap", ch. 13 (percentile intervals). A claim in a notebook
+or the README is the estimate on all units with the interval from `bootstrap`, and the number of units.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Interval:
+    estimate: float  # the statistic on all units
+    lo: float
+    hi: float
+    n_units: int
+    level: float
+
+    def __str__(self) -> str:
+        return f"{self.estimate:.2f} [{self.lo:.2f}, {self.hi:.2f}] ({self.level:.0%} CI, n={self.n_units})"
+
+
+def bootstrap(statistic: Callable[..., float], *columns, n_boot: int = 2000, level: float = 0.95,
+              seed: int = 0) -> Interval:
+    """Percentile interval of `statistic(*columns)`, resampling the units (the rows shared by all columns) with
+    replacement, paired across columns. Columns are 1-D arrays of equal length, one value per unit."""
+    cols = [np.asarray(c, dtype=np.float64) for c in columns]
+    n = len(cols[0])
+    if n == 0 or any(len(c) != n for c in cols):
+        raise ValueError(f"columns must be non-empty and of one length, got {[len(c) for c in cols]}")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, size=(n_boot, n))
+    values = np.array([statistic(*(c[i] for c in cols)) for i in idx])
+    lo, hi = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
+    return Interval(float(statistic(*cols)), float(lo), float(hi), n, level)
+
+
+def ratio_of_sums(numerator, denominator) -> float:
+    """sum(numerator) / sum(denominator): a pooled rate (e.g. seconds per token over prompts)."""
+    return float(np.sum(numerator) / np.sum(denominator))
+
+
+def speedup(seconds_a, tokens_a, seconds_b, tokens_b) -> float:
+    """How many times faster method b produces a token than method a, pooled over units."""
+    return ratio_of_sums(seconds_a, tokens_a) / ratio_of_sums(seconds_b, tokens_b)

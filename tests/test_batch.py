@@ -1,0 +1,206 @@
+"""Batch > 1 (Zhang et al. 2025, arXiv 2510.22876): ragged rows decoded together give each row's batch-1 output.
+
+Tiny float64 models, so any difference is a bookkeeping bug, not float numerics.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from specrepro import autoregressive_generate, generate, speculative_generate
+from specrepro.distribution import chisquare_gof, counts_of, exact_joint_distribution
+from specrepro.sampling import SamplingConfig
+
+from conftest import draw
+
+V, PAD = 8, 0
+FALSE_ALARM = 1e-3
+
+
+def ragged_prompts(batch: int, seed: int) -> list[list[int]]:
+    """Prompts of 1 to 11 tokens (lengths differ by up to 10)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 12, (batch,), generator=g).tolist()
+    return [torch.randint(V, (n,), generator=g).tolist() for n in lengths]
+
+
+def left_pad(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    return generate.left_pad(prompts, PAD)
+
+
+def alone(fn, prompt: list[int], **kw) -> list[int]:
+    return fn(torch.tensor([prompt]), **kw).sequences[0, len(prompt):].tolist()
+
+
+def row_new_tokens(result, mask: torch.Tensor, b: int) -> list[int]:
+    return result.sequences[b, mask.shape[1]:mask.shape[1] + result.rows[b].new_tokens].tolist()
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("gamma", [1, 2, 3, 5])
+@pytest.mark.parametrize("eos", [None, 5])
+def test_batched_greedy_equals_each_row_alone(pair64, batch, gamma, eos):
+    target, draft = pair64
+    prompts = ragged_prompts(batch, seed=batch * 10 + gamma)
+    ids, mask = left_pad(prompts)
+    kw = dict(max_new_tokens=12, temperature=0, eos_token_id=eos, pad_token_id=PAD)
+    spec = speculative_generate(target, draft, ids, attention_mask=mask, gamma=gamma, check_invariants=True, **kw)
+    ar = autoregressive_generate(target, ids, attention_mask=mask, check_invariants=True, **kw)
+    for b, prompt in enumerate(prompts):
+        ref = alone(lambda x, **k: autoregressive_generate(target, x, **k), prompt, **kw)
+        assert row_new_tokens(ar, mask, b) == ref
+        assert row_new_tokens(spec, mask, b) == ref
+        assert spec.sequences[b, mask.shape[1] + len(ref):].eq(PAD).all()  # padding after the row ended
+        assert torch.equal(spec.sequences[b, :mask.shape[1]], ids[b])  # the input row as given
+    assert spec.sequences.shape[1] == ids.shape[1] + max(r.new_tokens for r in spec.rows)
+
+
+def test_rows_ending_at_different_iterations_leave_the_batch(pair64):
+    """With EOS some rows end early; the others go on with their caches intact (checked against batch 1)."""
+    target, draft = pair64
+    prompts = ragged_prompts(6, seed=3)
+    ids, mask = left_pad(prompts)
+    kw = dict(max_new_tokens=20, temperature=0, pad_token_id=PAD)
+    refs = [alone(lambda x, **k: autoregressive_generate(target, x, **k), p, **kw) for p in prompts]
+    eos = refs[0][3]  # a token that ends at least one row early
+    out = speculative_generate(target, draft, ids, attention_mask=mask, gamma=3, eos_token_id=eos, **kw)
+    lengths = [r.new_tokens for r in out.rows]
+    assert len(set(lengths)) > 1 and min(lengths) < 20
+    for b, ref in enumerate(refs):
+        expected = ref[:ref.index(eos) + 1] if eos in ref else ref
+        assert row_new_tokens(out, mask, b) == expected
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, None), (0.8, 0.9)])
+def test_each_row_with_its_own_generator_reads_its_batch1_uniforms(pair64, temperature, top_p):
+    """Rows are independent draws: with one generator per row, row b's tokens are exactly those it gets alone."""
+    target, draft = pair64
+    prompts = ragged_prompts(5, seed=7)
+    ids, mask = left_pad(prompts)
+    kw = dict(max_new_tokens=10, temperature=temperature, top_p=top_p, eos_token_id=6, pad_token_id=PAD)
+    out = speculative_generate(target, draft, ids, attention_mask=mask, gamma=3,
+                               generator=[torch.Generator().manual_seed(100 + b) for b in range(5)], **kw)
+    for b, prompt in enumerate(prompts):
+        ref = speculative_generate(target, draft, torch.tensor([prompt]), gamma=3,
+                                   generator=torch.Generator().manual_seed(100 + b), **kw)
+        assert row_new_tokens(out, mask, b) == ref.sequences[0, len(prompt):].tolist()
+        assert out.rows[b].accepted == ref.stats.accepted
+
+
+def test_per_row_stats_add_up_to_the_batch(pair64):
+    target, draft = pair64
+    prompts = ragged_prompts(4, seed=1)
+    ids, mask = left_pad(prompts)
+    out = speculative_generate(target, draft, ids, attention_mask=mask, gamma=2, max_new_tokens=9,
+                               generator=torch.Generator().manual_seed(0))
+    assert [r.prompt_len for r in out.rows] == [len(p) for p in prompts]
+    assert all(r.new_tokens == 9 and sum(n + 1 for n in r.accepted) == 9 for r in out.rows)
+    assert out.stats.new_tokens == 36
+    assert sorted(out.stats.accepted) == sorted(n for r in out.rows for n in r.accepted)
+    assert out.stats.target_calls == len(out.stats.iteration_seconds)
+
+
+# ---- distributions: every row is the target's distribution for its own prompt --------------------------------
+
+PROMPTS3 = [[0, 3, 5], [2], [4, 1, 1, 6, 2, 7, 3]]
+
+
+@pytest.mark.parametrize("cfg", [SamplingConfig(1.0), SamplingConfig(0.8, top_p=0.9)])
+def test_each_row_of_a_batch_draws_from_the_target(pair64, cfg):
+    target, draft = pair64
+    ids, mask = left_pad(PROMPTS3)
+
+    def once(g):
+        out = speculative_generate(target, draft, ids, attention_mask=mask, gamma=2, max_new_tokens=2, generator=g,
+                                   temperature=cfg.temperature, top_p=cfg.top_p)
+        return out.sequences[:, ids.shape[1]:].flatten().numpy()  # (3 rows x 2 tokens)
+
+    samples = draw(once, 1500, seed=5).reshape(1500, 3, 2)
+    for b, prompt in enumerate(PROMPTS3):
+        exact = exact_joint_distribution(target, torch.tensor([prompt]), 2, cfg)
+        assert not chisquare_gof(counts_of(samples[:, b], V), exact.numpy()).rejects(FALSE_ALARM), b
+
+
+def test_rows_are_independent(pair64):
+    """The first tokens of two rows are independent: chi-squared of their joint against the product of marginals."""
+    target, draft = pair64
+    ids, mask = left_pad(PROMPTS3[:2])
+    first = _first_tokens(target, draft, ids, mask)
+    assert not _independence_rejects(first)
+
+
+def test_planted_bug_rows_sharing_uniforms_is_detected(pair64, monkeypatch):
+    """Rows reading copies of one uniform stream (a bug of batching one generator naively) are dependent."""
+    target, draft = pair64
+    ids, mask = left_pad(PROMPTS3[:2])
+
+    def copies_of_one_stream(generator, rows):
+        state = generator.get_state()
+        generator.manual_seed(int(torch.randint(2**62, (), generator=generator)))  # next call, a new stream
+        copies = [torch.Generator() for _ in range(rows)]
+        for c in copies:
+            c.set_state(state)
+        return copies
+
+    monkeypatch.setattr(generate, "_row_generators", copies_of_one_stream)
+    assert _independence_rejects(_first_tokens(target, draft, ids, mask))
+
+
+def test_planted_bug_row_reading_another_rows_q_is_detected(pair64, monkeypatch):
+    target, draft = pair64
+    ids, mask = left_pad(PROMPTS3[:2])
+    propose = generate.propose
+
+    def swapped_q(*args, **kw):
+        drafts, q = propose(*args, **kw)
+        return drafts, q[1:] + q[:1]
+
+    monkeypatch.setattr(generate, "propose", swapped_q)
+
+    def once(g):
+        out = speculative_generate(target, draft, ids, attention_mask=mask, gamma=2, max_new_tokens=2, generator=g)
+        return out.sequences[0, ids.shape[1]:].numpy()
+
+    exact = exact_joint_distribution(target, torch.tensor([PROMPTS3[0]]), 2, SamplingConfig())
+    first = draw(once, 1500, seed=9)[:, :1]  # the first token: drafted and accepted with the wrong q
+    assert chisquare_gof(counts_of(first, V), exact.sum(1).numpy()).rejects(FALSE_ALARM)
+
+
+
+def _first_tokens(target, draft, ids, mask) -> np.ndarray:
+    def once(g):
+        out = speculative_generate(target, draft, ids, attention_mask=mask, gamma=2, max_new_tokens=1, generator=g)
+        return out.sequences[:, ids.shape[1]].numpy()  # (2,): each row's first new token
+
+    return draw(once, 1500, seed=13)
+
+
+def _independence_rejects(pairs: np.ndarray) -> bool:
+    from scipy.stats import chi2_contingency
+
+    table = counts_of(pairs, V)
+    table = table[table.sum(1) > 0][:, table.sum(0) > 0]
+    return chi2_contingency(table).pvalue < FALSE_ALARM
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+def test_batched_prompt_lookup_equals_each_row_alone(pair64, gamma):
+    """The prompt-lookup draft proposes a different number of tokens per row (as far as each row's match reaches)."""
+    from specrepro.drafts import PromptLookupDraft
+
+    target, _ = pair64
+    lookup = PromptLookupDraft(V, max_ngram=2)
+    prompts = [p * 3 for p in ragged_prompts(6, seed=gamma)]  # repetitive prompts, so that the lookup matches
+    ids, mask = left_pad(prompts)
+    kw = dict(max_new_tokens=15, pad_token_id=PAD, eos_token_id=4)
+    greedy = speculative_generate(target, lookup, ids, attention_mask=mask, gamma=gamma, temperature=0,
+                                  check_invariants=True, **kw)
+    sampled = speculative_generate(target, lookup, ids, attention_mask=mask, gamma=gamma, check_invariants=True,
+                                   generator=[torch.Generator().manual_seed(b) for b in range(6)], **kw)
+    assert len({tuple(r.proposed) for r in greedy.rows}) > 1  # the rows' proposal lengths differ
+    for b, prompt in enumerate(prompts):
+        x = torch.tensor([prompt])
+        ref = autoregressive_generate(target, x, temperature=0, **kw)
+        assert row_new_tokens(greedy, mask, b) == ref.sequences[0, len(prompt):].tolist()
+        ref = speculative_generate(target, lookup, x, gamma=gamma, generator=torch.Generator().manual_seed(b), **kw)
+        assert row_new_tokens(sampled, mask, b) == ref.sequences[0, len(prompt):].tolist()
