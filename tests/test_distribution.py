@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from specrepro import autoregressive_generate, generate, speculative_generate
-from specrepro.distribution import chisquare_gof, counts_of, exact_joint_distribution
-from specrepro.sampling import SamplingConfig, sample_from, speculative_accept
+from specrepro import autoregressive_generate, speculative_generate
+from specrepro.distribution import PLANTED_BUGS, chisquare_gof, counts_of, exact_joint_distribution, sample_sequences
+from specrepro.sampling import SamplingConfig
 
 from conftest import draw
 
@@ -99,45 +99,23 @@ def test_bad_proposal_length_is_refused(pair64):
 # ---- negative controls: known-bad samplers the same test must detect --------------------------------------
 
 
-def _greedy_proposal(draft_probs, u):
-    return draft_probs.argmax(-1)  # proposes argmax(q) but the ratio still uses the stochastic q
-
-
-def _replacement_from_target(p, q, x, u_accept, u_residual):
-    n, _ = speculative_accept(p, q, x, u_accept, u_residual)
-    return n, sample_from(p[torch.arange(p.shape[0]), n], u_residual)  # p_n instead of norm(max(0, p_n - q_n))
-
-
-def _reseeding_uniform(generator, n):
-    generator.manual_seed(generator.initial_seed())  # the "seed on every draw" bug
-    return DRAW_UNIFORMS(generator, n)
-
-
-DRAW_UNIFORMS, PROPOSE, ACCEPT = generate.draw_uniforms, generate.propose, generate.accept
-# each bug is planted in one step function of the loop, through the step's own parameters
-BAD = {
-    "greedy-draft-with-stochastic-ratio": (T1, T1, "propose",
-                                           lambda *a, **k: PROPOSE(*a, **k, sample=_greedy_proposal)),
-    "replacement-from-p-not-residual": (T1, T1, "accept",
-                                        lambda *a, **k: ACCEPT(*a, **k, rule=_replacement_from_target)),
-    "reseed-generator-every-draw": (T1, T1, "draw_uniforms", _reseeding_uniform),
-    "top-p-on-draft-only": (TP, SamplingConfig(TP.temperature), "propose",
-                            lambda drf, seqs, lengths, cfg, gens: PROPOSE(drf, seqs, lengths, TP, gens)),
-}
-
-
-@pytest.mark.parametrize("name", BAD)
-def test_negative_controls_are_detected(pair64, name, monkeypatch):
+@pytest.mark.parametrize("name", PLANTED_BUGS)
+def test_negative_controls_are_detected(pair64, name):
     target, draft = pair64
-    expected_cfg, run_cfg, step, buggy = BAD[name]
-    monkeypatch.setattr(generate, step, buggy)
-
-    def once(g):
-        return new_tokens(speculative_generate(target, draft, PROMPT, gamma=2, max_new_tokens=2, generator=g,
-                                               temperature=run_cfg.temperature, top_p=run_cfg.top_p))
-
-    result = gof(target, draw(once, 600, 11), expected_cfg)
+    cfg = TP if name == "top-p-dropped-on-target" else T1
+    samples, _ = sample_sequences(target, draft, PROMPT, method="speculative", n_tokens=2, n_samples=600, cfg=cfg,
+                                  generator=torch.Generator().manual_seed(11), gamma=2, bug=name)
+    result = gof(target, samples, cfg)
     assert result.rejects(FALSE_ALARM), result
+
+
+def test_batched_sampling_gives_the_same_draws_in_another_order_of_rows(pair64):
+    """sample_sequences in batches: one generator read row by row, so different draws, the same distribution."""
+    target, draft = pair64
+    samples, stats = sample_sequences(target, draft, PROMPT, method="speculative", n_tokens=2, n_samples=3000,
+                                      cfg=TP, generator=torch.Generator().manual_seed(3), gamma=2, batch_size=500)
+    assert samples.shape == (3000, 2) and len(stats) == 3000
+    assert not gof(target, samples, TP).rejects(FALSE_ALARM)
 
 
 def test_chisquare_gof_flags_impossible_outcomes_and_pools_small_cells():
@@ -146,3 +124,15 @@ def test_chisquare_gof_flags_impossible_outcomes_and_pools_small_cells():
     assert r.impossible == 0 and r.dof == 2 and r.p_value > 0.9  # the 0.001 cell is merged into a neighbour
     r = chisquare_gof(np.array([50, 30, 19, 0, 1]), probs)
     assert r.impossible == 1 and r.p_value == 0.0
+
+
+def test_rejection_rate_is_the_false_alarm_rate_under_the_null_and_high_against_a_big_change():
+    exact = np.array([0.4, 0.3, 0.2, 0.1])
+    assert rate_of(exact, exact) == pytest.approx(0.05, abs=0.03)
+    assert rate_of(np.array([0.3, 0.3, 0.2, 0.2]), exact) > 0.95
+
+
+def rate_of(probs, exact):
+    from specrepro.distribution import rejection_rate
+
+    return rejection_rate(probs, exact, n_samples=1000, false_alarm=0.05, reps=400, seed=1)

@@ -56,3 +56,17 @@ def test_both_controls_are_flagged(pair_and_prompts, control):
     s = E.summary(E.compare(target, prompts, refs, out))
     mismatched = round(s["prompts"] * (1 - s["exact_match"]))
     assert s["exact_match"] <= 0.75 and s["bugs"] == mismatched >= 4, s  # every divergence at a clear margin
+
+
+def test_crossover_is_where_speculation_stops_paying_for_good():
+    from types import SimpleNamespace
+
+    from specrepro.batching import crossover
+
+    def runs(ar, spec):
+        return [SimpleNamespace(method=m, batch_size=b, tokens_per_second=t)
+                for m, ts in (("autoregressive", ar), ("speculative", spec)) for b, t in zip((1, 2, 4, 8), ts)]
+
+    assert crossover(runs([10, 20, 30, 40], [9, 25, 35, 38])) == 8  # slower at 1, faster at 2-4, slower from 8
+    assert crossover(runs([10, 20, 30, 40], [9, 18, 29, 39])) == 1
+    assert crossover(runs([10, 20, 30, 40], [12, 25, 35, 41])) is None

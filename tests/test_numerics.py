@@ -110,3 +110,12 @@ def test_two_sample_chisquare_and_power():
     q = 0.9 * p + 0.1 * np.array([0, 0, 0, 1.0])
     powers = [N.chisquare_power(p, q, n, 3, 0.01) for n in (100, 1000, 10000)]
     assert powers == sorted(powers) and powers[-1] > 0.99
+
+
+def test_two_sample_power_by_simulation():
+    p = np.array([0.5, 0.3, 0.15, 0.05])
+    assert N.two_sample_power(p, p, 500, 0.05, reps=400) == pytest.approx(0.05, abs=0.03)  # its false-alarm rate
+    q = np.array([0.35, 0.35, 0.2, 0.1])
+    weak, strong = (N.two_sample_power(p, q, n, 0.01, reps=300) for n in (50, 1000))
+    assert weak < 0.5 < 0.95 < strong
+    assert N.samples_for_power(p, q, 0.01, grid=(50, 100, 200, 400, 800), reps=300) in (200, 400)

@@ -92,11 +92,14 @@ def verify_cost(model, batch_sizes: list[int], gamma: int, *, prefix_len: int = 
 
 
 def crossover(runs: list[BatchedRun]) -> int | None:
-    """The smallest batch size at which batched speculative decoding is no faster than batched autoregressive
-    decoding (None if it stays faster at every batch size measured)."""
+    """The batch size from which batched speculative decoding is no faster than batched autoregressive decoding at
+    that and every larger batch size measured (None if it is faster at the largest)."""
     by_b = {(r.method, r.batch_size): r for r in runs}
-    for b in sorted({r.batch_size for r in runs}):
-        ar, spec = by_b[("autoregressive", b)], by_b[("speculative", b)]
-        if spec.tokens_per_second <= ar.tokens_per_second:
-            return b
-    return None
+    sizes = sorted({r.batch_size for r in runs})
+    slower = [by_b["speculative", b].tokens_per_second <= by_b["autoregressive", b].tokens_per_second for b in sizes]
+    if not slower[-1]:
+        return None
+    first = len(slower)
+    while first > 0 and slower[first - 1]:
+        first -= 1
+    return sizes[first]

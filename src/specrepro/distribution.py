@@ -11,12 +11,14 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
 from scipy import stats as sps
 
-from .sampling import SamplingConfig, probs_from_logits
+from .generate import Steps, accept, decode, draw_uniforms, propose
+from .sampling import SamplingConfig, probs_from_logits, sample_from, speculative_accept
 
 
 @torch.no_grad()
@@ -100,21 +102,87 @@ def all_sequences(vocab_size: int, n_tokens: int) -> list[tuple[int, ...]]:
 
 
 def sample_sequences(target, draft, input_ids: torch.Tensor, *, method: str, n_tokens: int, n_samples: int,
-                     cfg: SamplingConfig, generator: torch.Generator, gamma: int = 1) -> tuple[np.ndarray, list]:
+                     cfg: SamplingConfig, generator: torch.Generator, gamma: int = 1, batch_size: int = 1,
+                     bug: str | None = None) -> tuple[np.ndarray, list]:
     """Draw `n_samples` continuations of `n_tokens` tokens with one generator.
 
-    method: "autoregressive" (draft unused) or "speculative". Returns the (n_samples, n_tokens) array of new tokens
-    and the list of each run's `GenerationStats`.
+    method: "autoregressive" (draft unused) or "speculative". `batch_size` > 1 decodes that many copies of the
+    prompt as one batch: the rows are independent draws (tests/test_batch.py), so this only runs faster.
+    `bug` names one of `PLANTED_BUGS` to sample with a known-bad sampler instead. Returns the (n_samples, n_tokens)
+    array of new tokens and each sample's `GenerationStats`.
     """
-    from .generate import autoregressive_generate, speculative_generate
-
-    kw = dict(max_new_tokens=n_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-              generator=generator)
-    if method == "autoregressive":
-        runs = [autoregressive_generate(target, input_ids, **kw) for _ in range(n_samples)]
-    elif method == "speculative":
-        runs = [speculative_generate(target, draft, input_ids, gamma=gamma, **kw) for _ in range(n_samples)]
-    else:
+    if method not in ("autoregressive", "speculative"):
         raise ValueError(f"method must be 'autoregressive' or 'speculative', got {method!r}")
-    L = input_ids.shape[1]
-    return np.stack([r.sequences[0, L:].numpy() for r in runs]), [r.stats for r in runs]
+    steps, loop_cfg = planted_bug(bug, cfg) if bug is not None else (None, cfg)
+    d = draft if method == "speculative" else None
+    L, samples, stats = input_ids.shape[1], [], []
+    while len(stats) < n_samples:
+        b = min(batch_size, n_samples - len(stats))
+        r = decode(target, d, input_ids.repeat(b, 1), gamma=gamma if d is not None else 0, max_new_tokens=n_tokens,
+                   cfg=loop_cfg, generator=generator, steps=steps)
+        samples.append(r.sequences[:, L:].numpy())
+        stats += r.rows
+    return np.concatenate(samples), stats
+
+
+# ---- planted bugs: known-bad samplers the goodness-of-fit test must reject -------------------------------------
+
+PLANTED_BUGS = {
+    "greedy-draft-with-stochastic-ratio": "the draft proposes argmax(q) while the ratio still uses the stochastic q",
+    "replacement-from-p-not-residual": "a rejected draft is replaced by a draw from p_n, not norm(max(0, p_n - q_n))",
+    "reseed-generator-every-draw": "the generator is re-seeded before every draw (one popular reference does)",
+    "top-p-dropped-on-target": "top-p warps the draft's q but not the target's p",
+}
+
+
+def _greedy_proposal(draft_probs, u):
+    return draft_probs.argmax(-1)
+
+
+def _replacement_from_target(p, q, x, u_accept, u_residual):
+    n, _ = speculative_accept(p, q, x, u_accept, u_residual)
+    return n, sample_from(p[torch.arange(p.shape[0]), n], u_residual)
+
+
+def _reseeding_draw(generator, n):
+    generator.manual_seed(generator.initial_seed())
+    return draw_uniforms(generator, n)
+
+
+@dataclass(frozen=True)
+class _DraftConfig:
+    """`propose` with the draft's own sampling config in place of the loop's."""
+
+    cfg: SamplingConfig
+
+    def __call__(self, drf, seqs, lengths, cfg, gens, **kw):
+        return propose(drf, seqs, lengths, self.cfg, gens, **kw)
+
+
+def planted_bug(name: str, cfg: SamplingConfig) -> tuple[Steps, SamplingConfig]:
+    """The step functions and loop config of a known-bad sampler, for a run asked to sample with `cfg`."""
+    if name == "greedy-draft-with-stochastic-ratio":
+        return Steps(propose=partial(propose, sample=_greedy_proposal)), cfg
+    if name == "replacement-from-p-not-residual":
+        return Steps(accept=partial(accept, rule=_replacement_from_target)), cfg
+    if name == "reseed-generator-every-draw":
+        return Steps(propose=partial(propose, draw=_reseeding_draw), accept=partial(accept, draw=_reseeding_draw)), cfg
+    if name == "top-p-dropped-on-target":
+        return Steps(propose=_DraftConfig(cfg)), SamplingConfig(cfg.temperature, cfg.top_k)
+    raise ValueError(f"no planted bug {name!r}; they are {sorted(PLANTED_BUGS)}")
+
+
+def rejection_rate(sampler_probs: np.ndarray, exact: np.ndarray, *, n_samples: int, false_alarm: float,
+                   reps: int = 1000, seed: int = 0) -> float:
+    """Power of `chisquare_gof` with `n_samples` samples, by simulation: the share of `reps` multinomial samples
+    from `sampler_probs` (a sampler's output distribution over the cells) that the test against `exact` rejects at
+    `false_alarm`. With sampler_probs = exact it is the test's false-alarm rate.
+
+    `sampler_probs` must be exact (enumerated) for the answer to be the power. An estimate from M draws carries its
+    own noise, which adds about n_samples / M times the test's own to the statistic: with many cells even a correct
+    sampler's estimate is then rejected often. For a sampler known only by its draws, replicate the test on fresh
+    draws instead."""
+    rng = np.random.default_rng(seed)
+    probs = np.asarray(sampler_probs, dtype=np.float64).ravel()
+    counts = rng.multinomial(n_samples, probs / probs.sum(), size=reps)
+    return float(np.mean([chisquare_gof(c, exact).rejects(false_alarm) for c in counts]))

@@ -26,7 +26,7 @@ row reads exactly the uniforms it would read decoded alone. Greedy decoding (tem
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -209,7 +209,7 @@ def _row_generators(generator, rows: int) -> list[torch.Generator | None]:
 
 
 def propose(drf: CachedModel | None, seqs: list[list[int]], lengths: list[int], cfg: SamplingConfig, gens: list,
-            *, sample=sample_from) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+            *, sample=sample_from, draw=draw_uniforms) -> tuple[list[list[int]], list[torch.Tensor | None]]:
     """1. The draft proposes lengths[b] tokens for row b, x_i ~ q_i, one forward per position (the first also
     catches up on the row's sequence). Returns the drafts and, when sampling, their q (1, lengths[b], V) per row."""
     drafts: list[list[int]] = [[] for _ in seqs]
@@ -222,7 +222,7 @@ def propose(drf: CachedModel | None, seqs: list[list[int]], lengths: list[int], 
             tokens = logits.argmax(-1).tolist()  # q_i is one-hot there
         else:
             q_i = probs_from_logits(logits, cfg)  # (B, V)
-            tokens = {b: int(sample(q_i[b:b + 1], draw_uniforms(gens[b], 1).to(q_i.device))) for b in active}
+            tokens = {b: int(sample(q_i[b:b + 1], draw(gens[b], 1).to(q_i.device))) for b in active}
         for b in active:
             drafts[b].append(tokens[b])
             if not cfg.greedy:
@@ -240,7 +240,7 @@ def verify(tgt: CachedModel, seqs: list[list[int]], drafts: list[list[int]]) -> 
 
 
 def accept(logits: torch.Tensor, x: list[int], q: torch.Tensor | None, cfg: SamplingConfig, gen,
-           *, rule=speculative_accept) -> tuple[int, int]:
+           *, rule=speculative_accept, draw=draw_uniforms) -> tuple[int, int]:
     """3. One row: accept a prefix of its drafts x (g) and draw the replacement or bonus token. Greedy decoding
     takes argmaxes and `greedy_accept`, the acceptance rule on one-hot p and q. Returns (n accepted, token)."""
     x_t = torch.tensor([x], dtype=torch.long, device=logits.device)  # (1, g)
@@ -249,7 +249,7 @@ def accept(logits: torch.Tensor, x: list[int], q: torch.Tensor | None, cfg: Samp
     else:
         target_probs = probs_from_logits(logits[None], cfg)  # (1, g+1, V)
         q = q.to(target_probs.device) if q is not None else target_probs.new_zeros(1, 0, target_probs.shape[-1])
-        u = draw_uniforms(gen, len(x) + 1).to(target_probs.device)
+        u = draw(gen, len(x) + 1).to(target_probs.device)
         n, token = rule(target_probs, q, x_t, u[None, :len(x)], u[len(x):])
     return int(n[0]), int(token[0])
 
@@ -260,6 +260,16 @@ def rollback(models: list[CachedModel | None], seqs: list[list[int]]) -> None:
     for m in models:
         if m is not None:
             m.keep([len(seq) - 1 for seq in seqs])
+
+
+@dataclass(frozen=True)
+class Steps:
+    """The step functions an iteration calls. The defaults are the algorithm; `specrepro.distribution`'s planted
+    bugs swap one for a known-bad version (negative controls), through its own parameters (`sample`, `rule`,
+    `draw`), without touching the loop."""
+
+    propose: Callable = propose
+    accept: Callable = accept
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -279,10 +289,12 @@ def _draft_lengths(draft, seqs, new, gamma: int, max_new_tokens: int) -> list[in
 def decode(target, draft, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *, gamma: int,
            max_new_tokens: int, cfg: SamplingConfig, eos: set[int] = frozenset(), generator=None,
            pad_token_id: int | None = None, check_invariants: bool = False,
-           cached_model: type[CachedModel] = CachedModel) -> GenerationResult:
+           cached_model: type[CachedModel] = CachedModel, steps: Steps | None = None) -> GenerationResult:
     """The loop behind `autoregressive_generate` (draft None, gamma 0) and `speculative_generate`, without their
     argument checks. `cached_model` is the cache bookkeeping each model gets (`specrepro.equivalence` plugs in the
-    published batching bugs here); `check_invariants` asserts the caches' invariants after every iteration."""
+    published batching bugs here), `steps` the step functions (`specrepro.distribution` plants sampling bugs there);
+    `check_invariants` asserts the caches' invariants after every iteration."""
+    steps = steps if steps is not None else Steps()
     seqs = prompt_rows(input_ids, attention_mask)
     _check_request(seqs, max_new_tokens, eos, pad_token_id)
     gens = _row_generators(generator, len(seqs))
@@ -296,10 +308,10 @@ def decode(target, draft, input_ids: torch.Tensor, attention_mask: torch.Tensor 
         t0 = clock()
         lengths = _draft_lengths(draft, [seqs[r] for r in live], [rows[r].new_tokens for r in live], gamma,
                                  max_new_tokens)
-        drafts, q = propose(drf, [seqs[r] for r in live], lengths, cfg, [gens[r] for r in live])  # 1.
+        drafts, q = steps.propose(drf, [seqs[r] for r in live], lengths, cfg, [gens[r] for r in live])  # 1.
         t1 = clock()
         p_logits = verify(tgt, [seqs[r] for r in live], drafts)  # 2.
-        results = [accept(p_logits[i], drafts[i], q[i], cfg, gens[r]) for i, r in enumerate(live)]  # 3.
+        results = [steps.accept(p_logits[i], drafts[i], q[i], cfg, gens[r]) for i, r in enumerate(live)]  # 3.
         t2 = clock()
         ended = []
         for i, (r, (n, token)) in enumerate(zip(live, results)):

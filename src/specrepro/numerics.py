@@ -222,6 +222,26 @@ def chisquare_power(p0: np.ndarray, p1: np.ndarray, n: int, dof: int, level: flo
     return float(sps.ncx2.sf(crit, dof, lam)) if lam > 0 else level
 
 
+def two_sample_power(p_a: np.ndarray, p_b: np.ndarray, n: int, level: float, *, reps: int = 1000,
+                     seed: int = 0) -> float:
+    """Power of `chisquare_two_sample` as it is run, by simulation: the share of `reps` pairs of n-sample histograms
+    drawn from p_a and p_b (merged bins and all) that it rejects at `level`. With p_a = p_b: its false-alarm rate."""
+    rng = np.random.default_rng(seed)
+    a = rng.multinomial(n, np.asarray(p_a, float) / np.sum(p_a), size=reps)
+    b = rng.multinomial(n, np.asarray(p_b, float) / np.sum(p_b), size=reps)
+    return float(np.mean([chisquare_two_sample(x, y)[2] < level for x, y in zip(a, b)]))
+
+
+def samples_for_power(p_a: np.ndarray, p_b: np.ndarray, level: float, power: float = 0.9, *,
+                      grid: tuple[int, ...] = (100, 200, 300, 500, 1000, 2000, 3000, 5000, 10000, 20000),
+                      reps: int = 500, seed: int = 0) -> int | None:
+    """The smallest n of `grid` at which `two_sample_power` reaches `power` (None if none does)."""
+    for n in grid:
+        if two_sample_power(p_a, p_b, n, level, reps=reps, seed=seed) >= power:
+            return n
+    return None
+
+
 def top1_top2_gap(logits: torch.Tensor) -> torch.Tensor:
     top = logits.topk(2, dim=-1).values
     return top[..., 0] - top[..., 1]
