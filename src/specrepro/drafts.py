@@ -103,8 +103,9 @@ def expand(cut_model, kept: torch.Tensor):
     return full.eval()
 
 
-def _write_manifest(folder: Path, manifest: dict) -> None:
-    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
+def _write_manifest(path: Path, manifest: dict) -> None:
+    """The one format of a draft's manifest.json: sorted keys, two-space indent, a final newline."""
+    path.write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def save_small(folder: Path, cut_model, kept: torch.Tensor, manifest: dict) -> None:
@@ -115,12 +116,12 @@ def save_small(folder: Path, cut_model, kept: torch.Tensor, manifest: dict) -> N
              if k != "lm_head.weight"}  # tied to the embedding
     with paths.writing_dir(folder) as tmp:
         save_file(state | {"kept_ids": kept.int()}, tmp / "weights.safetensors")
-        _write_manifest(tmp, manifest | {"kind": "small", "config": cut_model.config.to_dict()})
+        _write_manifest(tmp / "manifest.json", manifest | {"kind": "small", "config": cut_model.config.to_dict()})
 
 
 def needs_target(folder: Path) -> bool:
     """Whether loading this draft folder copies layers from the target (an early-exit draft, or a hybrid around one)."""
-    manifest = json.loads((Path(folder) / "manifest.json").read_text())
+    manifest = read_manifest(folder)
     if manifest["kind"] == "lookup_hybrid":
         return needs_target(Path(folder).parent / manifest["config"]["model"])
     return manifest["kind"] == "early_exit"
@@ -129,7 +130,7 @@ def needs_target(folder: Path) -> bool:
 def load_shipped(folder: Path, dtype: torch.dtype = torch.float32, target=None):
     """Any shipped draft folder (small, early-exit, prompt-lookup or hybrid) as a full-vocabulary model. An
     early-exit draft copies its frozen layers from `target`, which is then required (`needs_target`)."""
-    manifest = json.loads((Path(folder) / "manifest.json").read_text())
+    manifest = read_manifest(folder)
     kind = manifest["kind"]
     if kind == "prompt_lookup":
         return PromptLookupDraft(**manifest["config"])
@@ -203,7 +204,7 @@ def save_early_exit(folder: Path, model, layers: int, manifest: dict) -> None:
     with paths.writing_dir(folder) as tmp:
         save_file({k: state[k].detach().to(torch.bfloat16).contiguous() for k in early_exit_trainable(layers)},
                   tmp / "weights.safetensors")
-        _write_manifest(tmp, manifest | {"kind": "early_exit", "layers": layers})
+        _write_manifest(tmp / "manifest.json", manifest | {"kind": "early_exit", "layers": layers})
 
 
 # ---- the zero-cost draft: prompt lookup ------------------------------------------------------------------------
@@ -322,7 +323,7 @@ class _Out:
 def save_prompt_lookup(folder: Path, max_ngram: int, manifest: dict, min_ngram: int = 1) -> None:
     cfg = asdict(_LookupConfig(TARGET_VOCAB, max_ngram, min_ngram))
     with paths.writing_dir(folder) as tmp:
-        _write_manifest(tmp, manifest | {"kind": "prompt_lookup", "config": cfg})
+        _write_manifest(tmp / "manifest.json", manifest | {"kind": "prompt_lookup", "config": cfg})
 
 
 # ---- lookup first, a small draft otherwise --------------------------------------------------------------------
@@ -380,7 +381,7 @@ def save_lookup_hybrid(folder: Path, model_name: str, max_ngram: int, min_ngram:
     """A hybrid is a manifest naming its small draft (a sibling folder) and the lookup's n-gram range."""
     cfg = dict(model=model_name, max_ngram=max_ngram, min_ngram=min_ngram)
     with paths.writing_dir(folder) as tmp:
-        _write_manifest(tmp, manifest | {"kind": "lookup_hybrid", "config": cfg})
+        _write_manifest(tmp / "manifest.json", manifest | {"kind": "lookup_hybrid", "config": cfg})
 
 
 # ---- manifests ---------------------------------------------------------------------------------------------------
@@ -396,5 +397,5 @@ def update_manifest(folder: Path, **fields) -> dict:
     was trained), leaving every other key as it was; the file is replaced atomically. Returns the new manifest."""
     manifest = read_manifest(folder) | fields
     with paths.writing_file(Path(folder) / "manifest.json") as tmp:
-        tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
+        _write_manifest(tmp, manifest)
     return manifest
