@@ -162,7 +162,7 @@ class CroppedToShortestRow(CachedModel):
         super().keep(lengths)
         if len(set(self.fed)) <= 1:
             return
-        mask = self.mask if self.mask is not None else torch.ones(len(lengths), self.slots, dtype=torch.long)
+        mask = self.slot_mask()
         # the slot just past each row's last token; a rectangular cache keeps the shortest
         ends = [int(row.nonzero()[-1]) + 1 if row.any() else 0 for row in mask]
         end = min(ends)

@@ -89,8 +89,7 @@ class CachedModel:
         if self.mask is None and bool(pad_mask.all()):  # no gap anywhere: the plain causal forward
             out = model_forward(self.model, ids, self.cache, logits_to_keep=n_logits)
         else:
-            before = self.mask if self.mask is not None else torch.ones(len(new), self.slots, dtype=torch.long,
-                                                                       device=self.device)
+            before = self.slot_mask()
             fed = torch.tensor(self.fed, device=self.device)[:, None]  # (B, 1)
             positions = fed + (pad_mask.cumsum(-1) - 1).clamp_min(0)  # (B, K): counted over real tokens only
             self.mask = torch.cat([before, pad_mask], dim=1)  # (B, T + K)
@@ -101,6 +100,12 @@ class CachedModel:
         check_logits(torch.cat([logits[b, n_logits - min(n_logits, len(t)):] for b, t in enumerate(new)]),
                      self.who)
         return logits
+
+    def slot_mask(self) -> torch.Tensor:
+        """The (B, T) slot mask, made explicit (all ones) while there has been no gap."""
+        if self.mask is not None:
+            return self.mask
+        return torch.ones(len(self.fed), self.slots, dtype=torch.long, device=self.device)
 
     def attended(self) -> torch.Tensor:
         """The attention mask a forward passes: the slot mask (a negative control passes something else)."""
@@ -113,8 +118,7 @@ class CachedModel:
         if self.mask is None and len(set(lengths)) == 1:  # every row drops its tail alike: crop
             self.cache.crop(lengths[0] - self.slots)  # negative: number of slots to remove
         else:
-            mask = self.mask if self.mask is not None else torch.ones(len(lengths), self.slots, dtype=torch.long,
-                                                                     device=self.device)
+            mask = self.slot_mask()
             limit = torch.tensor(lengths, device=self.device)[:, None]  # (B, 1)
             self.mask = mask * (mask.cumsum(-1) <= limit)  # the row's slots past its length become holes
             self._crop_trailing_holes()
