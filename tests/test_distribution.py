@@ -136,3 +136,21 @@ def rate_of(probs, exact):
     from specrepro.distribution import rejection_rate
 
     return rejection_rate(probs, exact, n_samples=1000, false_alarm=0.05, reps=400, seed=1)
+
+
+def test_replicated_power_splits_draws_into_independent_tests():
+    from specrepro.distribution import replicated_power
+
+    rng = np.random.default_rng(2)
+    exact = np.array([0.4, 0.3, 0.2, 0.1])
+    null = rng.choice(4, size=(40_000, 1), p=exact)
+    shifted = rng.choice(4, size=(40_000, 1), p=[0.3, 0.3, 0.2, 0.2])
+    at_null = replicated_power(null, exact, 4, n_samples=100, false_alarm=0.05)
+    assert at_null.reps == 400 and at_null.power == pytest.approx(0.05, abs=0.03)
+    strong = replicated_power(shifted, exact, 4, n_samples=1000, false_alarm=0.05)
+    weak = replicated_power(shifted, exact, 4, n_samples=50, false_alarm=0.05)
+    assert strong.power > 0.95 and weak.power < 0.6  # power grows with the sample size
+    lo, hi = strong.interval
+    assert lo < strong.power <= hi <= 1
+    with pytest.raises(ValueError, match="draw more samples"):
+        replicated_power(null[:10], exact, 4, n_samples=100, false_alarm=0.05)

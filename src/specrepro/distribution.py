@@ -186,3 +186,39 @@ def rejection_rate(sampler_probs: np.ndarray, exact: np.ndarray, *, n_samples: i
     probs = np.asarray(sampler_probs, dtype=np.float64).ravel()
     counts = rng.multinomial(n_samples, probs / probs.sum(), size=reps)
     return float(np.mean([chisquare_gof(c, exact).rejects(false_alarm) for c in counts]))
+
+
+@dataclass(frozen=True)
+class Power:
+    """Share of replicated tests that rejected, with its Wilson 95% interval."""
+
+    n_samples: int  # samples per replicated test
+    reps: int
+    rejected: int
+
+    @property
+    def power(self) -> float:
+        return self.rejected / self.reps
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        z, n, p = 1.959964, self.reps, self.rejected / self.reps
+        centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+        return max(0.0, centre - half / (1 + z * z / n)), min(1.0, centre + half / (1 + z * z / n))
+
+
+def replicated_power(samples: np.ndarray, exact: np.ndarray, vocab_size: int, *, n_samples: int,
+                     false_alarm: float) -> Power:
+    """Power of `chisquare_gof` at `n_samples` samples, measured on a sampler's own draws: `samples` (N, n) is split
+    into N // n_samples disjoint chunks, each an independent replicate of the test, and the share of chunks the test
+    rejects at `false_alarm` is the power against that sampler (its false-alarm rate if the sampler is correct).
+
+    Unlike `rejection_rate`, nothing about the sampler's distribution is estimated: each replicate is the test as run.
+    """
+    samples = np.asarray(samples)
+    reps = samples.shape[0] // n_samples
+    if reps < 1:
+        raise ValueError(f"{samples.shape[0]} samples make no replicate of {n_samples}; draw more samples")
+    rejected = sum(chisquare_gof(counts_of(samples[i * n_samples:(i + 1) * n_samples], vocab_size), exact)
+                   .rejects(false_alarm) for i in range(reps))
+    return Power(n_samples, reps, int(rejected))
