@@ -74,6 +74,19 @@ def test_summary_pools_time_per_token_over_prompts():
     assert s["speculative"]["speedup"] == pytest.approx(20 / 12.5)
     assert s["speculative"]["speedup_range"] == pytest.approx((1.0, 4.0))
     assert s["speculative"]["ttft_ms"] == pytest.approx(500)
+    # the bootstrap over the 2 prompts: resamples are {0,0} (4x), {1,1} (1x) and {0,1} (1.6x)
+    assert s["speculative"]["n_prompts"] == 2
+    assert s["speculative"]["speedup_lo"] == pytest.approx(1.0) and s["speculative"]["speedup_hi"] == pytest.approx(4.0)
+
+
+def test_speedup_interval_keeps_a_prompts_repeats_together_and_needs_shared_prompts():
+    runs = [bench.Run(m, p, rep, secs, 0.0, 11) for p in range(6) for rep in range(2)
+            for m, secs in (("autoregressive", 1.0), ("speculative", 0.5 if p % 2 else 0.25))]
+    ci = bench.speedup_interval(runs, "speculative")
+    assert ci.n_units == 6 and ci.estimate == pytest.approx(2 / 0.75)
+    assert 2.0 <= ci.lo < ci.estimate < ci.hi <= 4.0
+    with pytest.raises(ValueError, match="no prompt was run by both"):
+        bench.speedup_interval([r for r in runs if r.method == "speculative"], "speculative")
 
 
 def test_every_method_logs_the_targets_forwards(pair):
@@ -121,3 +134,35 @@ def test_sweep_row_sets_the_measured_speedup_beside_the_models():
     assert row["rel_error"] == pytest.approx(2.0 / (tokens * 100 / 125) - 1)
     assert row["verify_steps_in_run"] == pytest.approx(0.625) and row["verify_steps_apart"] == 1.5
     assert row["c"] == 0.2 and row["c_in_run"] == pytest.approx(0.15625)
+
+
+def test_fastest_takes_each_method_at_its_fastest_kernel():
+    runs = [bench.Run("autoregressive", p, 0, secs, 0.0, 11, kernel=k) for p in range(2)
+            for k, secs in (("stock", 1.0), ("small_row", 2.0))]
+    runs += [bench.Run("speculative", p, 0, secs, 0.0, 11, kernel=k) for p in range(2)
+             for k, secs in (("stock", 0.8), ("small_row", 0.4))]
+    best = bench.fastest(runs)
+    assert {(r.method, r.kernel) for r in best} == {("autoregressive", "stock"), ("speculative", "small_row")}
+    assert bench.summarize(best)["speculative"]["speedup"] == pytest.approx(2.5)
+
+
+def test_run_bench_runs_every_kernel_on_every_prompt(pair):
+    from specrepro.kernels import SmallRowLinear, use_kernel
+
+    target, draft = pair
+    runs = bench.run_bench(target, draft, [torch.tensor([[1, 2, 3]]), torch.tensor([[4, 5]])], gamma=2,
+                           max_new_tokens=6, warmup=False, methods=("autoregressive", "speculative"),
+                           kernels=("stock", "small_row"))
+    assert [(r.prompt, r.kernel, r.method) for r in runs][:4] == [
+        (0, "stock", "autoregressive"), (0, "stock", "speculative"),
+        (0, "small_row", "autoregressive"), (0, "small_row", "speculative")]
+    assert len(runs) == 8 and len(bench.fastest(runs)) == 4
+    outputs = {(r.prompt, r.kernel, r.method): r.output for r in runs}
+    assert all(outputs[p, "stock", m] == outputs[p, "small_row", m]  # same tokens whichever kernel (greedy)
+               for p in range(2) for m in ("autoregressive", "speculative"))
+    assert isinstance(target.lm_head, SmallRowLinear)  # left with the last kernel
+    use_kernel(target, "stock")
+    use_kernel(draft, "stock")
+    with pytest.raises(ValueError, match="unknown kernel"):
+        bench.run_bench(target, draft, [torch.tensor([[1, 2]])], gamma=2, max_new_tokens=2, warmup=False,
+                        kernels=("fast",))

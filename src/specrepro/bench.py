@@ -14,14 +14,16 @@ the runs, and with the draft's speed and the verification forwards timed apart, 
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import statistics
 from dataclasses import dataclass
 
 import torch
 
-from . import theory, walltime
+from . import intervals, theory, walltime
 from .generate import GenerationStats, autoregressive_generate, pooled_alpha, speculative_generate
+from .kernels import KERNELS, use_kernel
 from .timing import forward_log, timed
 
 METHODS = ("autoregressive", "speculative", "hf_assisted_fixed", "hf_assisted_default")
@@ -97,6 +99,7 @@ class Run:
     output: list[int] | None = None  # the generated token ids, for quality metrics
     stats: GenerationStats | None = None  # ours only (autoregressive and speculative): forwards and in-run times
     forward_times: list[tuple[int, float]] | None = None  # every target forward of the run: (tokens fed, seconds)
+    kernel: str = ""  # the `kernels.KERNELS` entry both models ran with ("" where run_bench was not asked to switch)
 
     @property
     def _speculative(self) -> bool:
@@ -128,8 +131,13 @@ class Run:
 
 def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new_tokens: int,
               temperature: float = 0.0, top_k=None, top_p=None, eos_token_id=None, repeats: int = 1,
-              methods=METHODS, seed: int = 0, device=None, warmup: bool = True) -> list[Run]:
-    """Time each method on each prompt, interleaved; `repeats` rounds. HF methods need a transformers draft."""
+              methods=METHODS, seed: int = 0, device=None, warmup: bool = True,
+              kernels: tuple[str, ...] = ()) -> list[Run]:
+    """Time each method on each prompt, interleaved; `repeats` rounds. HF methods need a transformers draft.
+
+    `kernels`: names from `kernels.KERNELS`; each prompt is then run with every kernel in turn (the linear layers of
+    the target and of a model draft switched before each), so that each method can be compared at its fastest
+    configuration, side by side (`fastest`). The models are left with the last kernel."""
     sample = dict(temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos_token_id)
 
     def call(method, ids, n, g):
@@ -145,7 +153,10 @@ def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new
             call(m, prompts[0], 4, torch.Generator().manual_seed(seed))
     runs = []
     for rep in range(repeats):
-        for i, ids in enumerate(prompts):
+        for (i, ids), kernel in itertools.product(enumerate(prompts), kernels or ("",)):
+            if kernel:
+                use_kernel(target, kernel)
+                use_kernel(draft, kernel)
             for m in methods:
                 # defaults bind this iteration's m, ids, i; the generator is still built inside the timed call
                 ttft, _ = timed(lambda m=m, ids=ids, i=i: call(m, ids, 1, torch.Generator().manual_seed(seed + i)),
@@ -157,15 +168,29 @@ def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new
                 seq = out.sequences if hasattr(out, "sequences") else out
                 runs.append(Run(m, i, rep, secs, ttft, seq.shape[1] - ids.shape[1],
                                 output=seq[0, ids.shape[1]:].tolist(), stats=getattr(out, "stats", None),
-                                forward_times=log))
+                                forward_times=log, kernel=kernel))
     return runs
+
+
+def fastest(runs: list[Run]) -> list[Run]:
+    """Each method's runs at the kernel where its pooled decode time per token is lowest: every method at its
+    fastest configuration, measured side by side by `run_bench(kernels=...)`. `summarize(fastest(runs))` compares
+    the fastest against the fastest."""
+    best = {}
+    for m in dict.fromkeys(r.method for r in runs):
+        kernels = {r.kernel for r in runs if r.method == m}
+        best[m] = min(kernels, key=lambda k, m=m: summarize([r for r in runs if (r.method, r.kernel) == (m, k)])
+                      [m]["decode_ms_per_token"])
+    return [r for r in runs if r.kernel == best[r.method]]
 
 
 def summarize(runs: list[Run]) -> dict[str, dict]:
     """Per method: time per output token pooled over the runs (total seconds / total tokens; `decode_` after the
     first token, whose time is the TTFT, reported apart as a median), the (min, max) time per token over runs, and
     the speedup over autoregressive as the ratio of pooled decode times, with the (min, max) of the per-run
-    ratios paired by prompt and repeat in `speedup_range`.
+    ratios paired by prompt and repeat in `speedup_range`, and a 95% percentile bootstrap interval over prompts in
+    `speedup_lo`/`speedup_hi` (`intervals.bootstrap`: prompts resampled, each with all its repeats and both methods'
+    times, so that the interval is for this workload's pooled speedup on other prompts like these; `n_prompts`).
 
     Pooled, not a median of per-prompt rates: the workload's time per token is what a user waits for, and it is
     what the walltime model predicts (prompts differ a lot in how much they repeat themselves).
@@ -195,12 +220,35 @@ def summarize(runs: list[Run]) -> dict[str, dict]:
             out[m]["speedup"] = base / out[m]["decode_ms_per_token"]
             paired = [decode["autoregressive"][k] / v for k, v in decode[m].items() if k in decode["autoregressive"]]
             out[m]["speedup_range"] = (min(paired), max(paired)) if paired else (math.nan, math.nan)
+            ci = speedup_interval(runs, m)
+            out[m] |= dict(speedup_lo=ci.lo, speedup_hi=ci.hi, n_prompts=ci.n_units)
     return out
+
+
+def speedup_interval(runs: list[Run], method: str, *, level: float = 0.95, seed: int = 0) -> intervals.Interval:
+    """Pooled decode-time speedup of `method` over autoregressive with a percentile bootstrap interval over prompts
+    (each prompt's repeats stay together); only prompts both methods ran count."""
+    def per_prompt(m):
+        out = {}
+        for r in runs:
+            if r.method == m:
+                sec, tok = out.get(r.prompt, (0.0, 0))
+                out[r.prompt] = (sec + r.seconds - r.ttft_seconds, tok + max(1, r.new_tokens - 1))
+        return out
+
+    ar, other = per_prompt("autoregressive"), per_prompt(method)
+    shared = sorted(set(ar) & set(other))
+    if not shared:
+        raise ValueError(f"no prompt was run by both autoregressive decoding and {method!r}")
+    cols = [[ar[k][0] for k in shared], [ar[k][1] for k in shared], [other[k][0] for k in shared],
+            [other[k][1] for k in shared]]
+    return intervals.bootstrap(intervals.speedup, *cols, level=level, seed=seed)
 
 
 def sweep_row(runs: list[Run], gamma: int, *, draft_ms_per_token: float, verify_steps: list[float]) -> dict:
     """One point of a gamma sweep or a draft sweep: the measured speedup of `run_bench`'s autoregressive and
-    speculative runs at `gamma`, beside what the walltime model predicts for the same runs (times in ms).
+    speculative runs at `gamma` (with its bootstrap interval over prompts, `summarize`), beside what the walltime
+    model predicts for the same runs (times in ms).
 
     predicted: `walltime.predicted_speedup_in_run`, every cost timed inside the runs. predicted_apart:
     `walltime.predicted_speedup_in_steps`, with the draft's speed (`draft_ms_per_token`) and the verification
@@ -219,7 +267,8 @@ def sweep_row(runs: list[Run], gamma: int, *, draft_ms_per_token: float, verify_
                                                 lengths=lengths)
     a = min(alpha, 1.0)
     return dict(gamma=gamma, alpha=alpha, mean_proposed=statistics.mean(lengths), measured_speedup=measured,
-                predicted=predicted, predicted_apart=apart,
+                speedup_lo=s["speculative"]["speedup_lo"], speedup_hi=s["speculative"]["speedup_hi"],
+                n_prompts=s["speculative"]["n_prompts"], predicted=predicted, predicted_apart=apart,
                 thm_3_8=theory.walltime_improvement(a, gamma, draft_ms_per_token / ar_ms),
                 tokens_model=statistics.mean(1.0 if n == 0 else theory.expected_tokens(a, n) for n in lengths),
                 tokens_measured=statistics.mean(n + 1 for st in spec for n in st.accepted),
@@ -233,7 +282,6 @@ def sweep_row(runs: list[Run], gamma: int, *, draft_ms_per_token: float, verify_
 def main(argv: list[str] | None = None) -> int:
     from .acceptance import eval_prompts
     from .data import encode_prompt
-    from .kernels import use_small_row_matmul
     from .models import load_draft, load_target, load_tokenizer
 
     ap = argparse.ArgumentParser(prog="python -m specrepro.bench", description=__doc__,
@@ -242,32 +290,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft", default="prompt-lookup", help="a shipped draft name, Hugging Face id or folder")
     ap.add_argument("--task", choices=("code", "text"), default="code")
     ap.add_argument("--gamma", type=int, default=3)
-    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--top-k", type=int, default=None)
     ap.add_argument("--top-p", type=float, default=None)
-    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     ap.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
-    ap.add_argument("--stock-matmul", action="store_true",
-                    help="keep nn.Linear as it is (default: specrepro.kernels.SmallRowLinear for few rows on CPU)")
+    ap.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS),
+                    help="linear-layer kernels to run every method with; each method is compared at its fastest")
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     target = load_target(args.target, dtype=dtype, device=args.device)
     draft = load_draft(args.draft, dtype=dtype, device=args.device)
-    if not args.stock_matmul:
-        use_small_row_matmul(target)
-        use_small_row_matmul(draft)
     tok = load_tokenizer(args.target)
     prompts = [encode_prompt(tok, args.task, ex) for ex in eval_prompts(args.task, args.prompts)]
     hf_ok = not args.no_hf and hf_supports(draft)
     methods = METHODS if hf_ok else METHODS[:2]
     runs = run_bench(target, draft, prompts, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                     eos_token_id=tok.eos_token_id, repeats=args.repeats, methods=methods, device=args.device)
+                     eos_token_id=tok.eos_token_id, repeats=args.repeats, methods=methods, device=args.device,
+                     kernels=tuple(args.kernels))
+    for kernel in args.kernels:
+        print(f"--- kernel {kernel}")
+        _print_summary(summarize([r for r in runs if r.kernel == kernel]))
+    runs = fastest(runs)
     summary = summarize(runs)
+    spec_kernel = next(r.kernel for r in runs if r.method == "speculative")
+    use_kernel(target, spec_kernel)  # the costs timed apart, below, with the speculative runs' kernel
+    use_kernel(draft, spec_kernel)
     alpha = pooled_alpha(r.stats for r in runs if r.method == "speculative")
     ctx = int(statistics.mean(p.shape[1] for p in prompts)) + args.max_new_tokens // 2
     verify = walltime.verify_ms(target, ctx, args.gamma, device=args.device)
@@ -277,13 +330,12 @@ def main(argv: list[str] | None = None) -> int:
                                        forward_ms_1=verify[0], forward_ms_verify=verify,
                                        lengths=walltime.proposal_lengths(runs))
     costs = walltime.iteration_costs(runs)
+    print("--- each method at its fastest kernel: "
+          + ", ".join(f"{m} {k}" for m, k in dict.fromkeys((r.method, r.kernel) for r in runs)))
+    _print_summary(summary)
     print(f"target {args.target}, draft {args.draft}, gamma {args.gamma}, T={args.temperature}, "
-          f"{len(prompts)} {args.task} prompts x {args.repeats}, {torch.get_num_threads()} threads, {args.device}")
-    print(f"{'method':22s} {'ms/token':>9s} {'decode ms/tok':>14s} {'TTFT ms':>8s} {'speedup':>8s} {'per prompt':>12s}")
-    for m, s in summary.items():
-        lo, hi = s.get("speedup_range", (math.nan, math.nan))
-        print(f"{m:22s} {s['ms_per_token']:9.1f} {s['decode_ms_per_token']:14.1f} {s['ttft_ms']:8.1f} "
-              f"{s.get('speedup', math.nan):8.2f} {lo:5.2f}-{hi:<5.2f}")
+          f"{len(prompts)} {args.task} prompts x {args.repeats} rounds, {torch.get_num_threads()} threads, "
+          f"{args.device}; speedup intervals: 95% percentile bootstrap over prompts")
     print(f"in-run costs: decode step {costs.step_ms:.1f} ms, draft {costs.draft_ms:.2f} ms/token, overhead "
           f"{costs.overhead_ms:.2f} ms/iteration, verification in decode steps "
           + ", ".join(f"g={g}: {v:.2f} (x{costs.iterations[g]})" for g, v in costs.verify_steps.items()))
@@ -291,6 +343,16 @@ def main(argv: list[str] | None = None) -> int:
           f"{walltime.predicted_speedup_in_run(runs):.2f}x with the costs timed in the runs, "
           f"{apart:.2f}x with the costs timed apart")
     return 0
+
+
+def _print_summary(summary: dict) -> None:
+    print(f"{'method':22s} {'ms/token':>9s} {'decode ms/tok':>14s} {'TTFT ms':>8s} {'speedup':>8s} {'95% CI':>13s} "
+          f"{'per prompt':>12s}")
+    for m, s in summary.items():
+        lo, hi = s.get("speedup_range", (math.nan, math.nan))
+        print(f"{m:22s} {s['ms_per_token']:9.1f} {s['decode_ms_per_token']:14.1f} {s['ttft_ms']:8.1f} "
+              f"{s.get('speedup', math.nan):8.2f} {s.get('speedup_lo', math.nan):6.2f}-"
+              f"{s.get('speedup_hi', math.nan):<6.2f} {lo:5.2f}-{hi:<5.2f}")
 
 
 if __name__ == "__main__":

@@ -45,3 +45,15 @@ def use_small_row_matmul(model: nn.Module, enabled: bool = True) -> int:
             module.__class__ = nn.Linear
             switched += 1
     return switched
+
+
+KERNELS = ("stock", "small_row")  # what `use_kernel` can switch a model's linear layers to
+
+
+def use_kernel(model: nn.Module, name: str) -> int:
+    """Switch `model`'s linear layers to the kernel `name` of `KERNELS`: "stock" (`nn.Linear`) or "small_row"
+    (`SmallRowLinear`). Returns the number of layers switched; a draft that is not a module (prompt lookup) has none.
+    """
+    if name not in KERNELS:
+        raise ValueError(f"unknown kernel {name!r}; choose from {KERNELS}")
+    return use_small_row_matmul(model, enabled=name == "small_row") if isinstance(model, nn.Module) else 0
