@@ -1,6 +1,7 @@
 """Prompt sets, held-out splits and quality metrics."""
 
 import json
+import math
 
 import pytest
 
@@ -103,3 +104,14 @@ def test_answer_quality_is_pass_at_1_for_code_and_rouge2_for_text():
     assert data.answer_quality("text", {"reference": "the cat ran"}, "The cat sat") == pytest.approx(0.5)
     with pytest.raises(ValueError, match="task must be"):
         data.answer_quality("xsum", {}, "")
+
+
+def test_copied_share_counts_tokens_whose_ngram_is_in_the_prompt():
+    prompt = [1, 2, 3, 4, 5, 6]
+    assert data.copied_share(prompt, [7, 8, 9], n=2) == 0.0
+    assert data.copied_share(prompt, [2, 3, 4], n=2) == pytest.approx(2 / 3)  # (6, 2) is not in the prompt
+    assert data.copied_share(prompt, [7], n=1) == 0.0 and data.copied_share(prompt, [3], n=1) == 1.0
+    assert data.copied_share([5, 6, 5, 6, 5], [6, 5, 6, 5], n=4) == 1.0  # an echo, n-grams across the boundary
+    assert math.isnan(data.copied_share(prompt, [], n=2))
+    with pytest.raises(ValueError, match="n must be"):
+        data.copied_share(prompt, [1], n=0)

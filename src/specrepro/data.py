@@ -184,6 +184,21 @@ def rouge2_f1(candidate: str, reference: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
+def copied_share(prompt_ids, new_ids, n: int = 4) -> float:
+    """Share of generated tokens copied from the prompt: token j counts when the n tokens ending at it (earlier ones
+    taken from the generated text, then from the prompt's end) occur contiguously in the prompt. What a
+    prompt-lookup draft can guess; an answer that echoes its prompt scores near 1. nan for no new tokens."""
+    prompt, new = [int(t) for t in prompt_ids], [int(t) for t in new_ids]
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if not new:
+        return float("nan")
+    grams = {tuple(prompt[i:i + n]) for i in range(len(prompt) - n + 1)}
+    seq = prompt + new
+    hits = sum(tuple(seq[j - n + 1:j + 1]) in grams for j in range(len(prompt), len(seq)) if j - n + 1 >= 0)
+    return hits / len(new)
+
+
 def answer_quality(task: str, example: dict, answer: str) -> float:
     """The task's quality metric of one answer (Chen et al. 2023, Table 1's columns): for code, 1.0 if it passes
     the problem's tests (pass@1) else 0.0; for text, ROUGE-2 F1 against the play's real next lines."""
