@@ -127,3 +127,22 @@ def test_c_hat_is_the_ratio_of_decode_step_flops():
     assert flops.c_hat(target.config, None, 10) == 0.0
     assert flops.c_hat(target.config, draft.config, 10) == (flops.forward_flops(draft.config, 1, 10, logits=1)
                                                             / flops.forward_flops(target.config, 1, 10, logits=1))
+
+
+def test_operations_per_token_counts_every_decode_forward_and_leaves_the_prefill_out():
+    from functools import partial
+
+    from specrepro import autoregressive_generate, speculative_generate
+
+    target, draft = tiny_target(16), tiny_draft(16)
+    ids = [torch.tensor([[1, 2, 3, 4]]), torch.tensor([[5, 6]])]
+    ar = flops.operations_per_token(partial(autoregressive_generate, target, temperature=0), ids, 6)
+    assert ar["tokens"] == 10 and len(ar["results"]) == 2
+    # greedy autoregressive: tokens 2..6 of each prompt are one 1-token forward each, on caches of L..L+4
+    expected = sum(flops.measured_forward_flops(target, 1, L + k, logits=1) for L in (4, 2) for k in range(5))
+    assert ar["matmul_per_token"] == pytest.approx(expected / 10, rel=1e-9)
+    assert ar["operations_per_token"] > ar["matmul_per_token"]  # norms, softmax, activations
+    sp = flops.operations_per_token(partial(speculative_generate, target, draft, gamma=3, temperature=0), ids, 6)
+    assert sp["matmul_per_token"] > ar["matmul_per_token"]  # a random draft: more work per token, not less
+    with pytest.raises(ValueError, match="raise max_new_tokens"):
+        flops.operations_per_token(partial(autoregressive_generate, target, temperature=0), ids, 1)

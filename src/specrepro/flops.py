@@ -198,6 +198,29 @@ def count_operations(fn, *args, **kwargs) -> tuple[OperationCount, object]:
     return count, result
 
 
+
+def operations_per_token(generate, prompts: list[torch.Tensor], max_new_tokens: int) -> dict:
+    """Every arithmetic operation of whole generations, counted at dispatch (`count_operations`), per generated token
+    after the first: every iteration of the real runs counts, the short last ones and the drafts' rejected work
+    included. The prompt's prefill and first token are left out by subtracting a run of one new token on the same
+    prompt. `generate(ids, max_new_tokens=n)` returns a `GenerationResult`.
+
+    Returns operations and matmul FLOPs per token, the tokens they were counted over, and the generations."""
+    total = matmul = tokens = 0
+    results = []
+    for ids in prompts:
+        full, result = count_operations(generate, ids, max_new_tokens=max_new_tokens)
+        first, _ = count_operations(generate, ids, max_new_tokens=1)
+        total += full.total - first.total
+        matmul += full.matmul - first.matmul
+        tokens += result.sequences.shape[1] - ids.shape[1] - 1
+        results.append(result)
+    if tokens < 1:
+        raise ValueError("the generations made no token after the first: raise max_new_tokens")
+    return dict(operations_per_token=total / tokens, matmul_per_token=matmul / tokens, tokens=tokens,
+                results=results)
+
+
 # ---- bytes moved, for the roofline ------------------------------------------------------------------------------
 
 
