@@ -119,3 +119,23 @@ def test_two_sample_power_by_simulation():
     weak, strong = (N.two_sample_power(p, q, n, 0.01, reps=300) for n in (50, 1000))
     assert weak < 0.5 < 0.95 < strong
     assert N.samples_for_power(p, q, 0.01, grid=(50, 100, 200, 400, 800), reps=300) in (200, 400)
+
+
+def test_tost_shows_equivalence_only_with_enough_data_and_a_difference_inside_the_margin():
+    from specrepro.numerics import paired_equivalence_test
+
+    rng = np.random.default_rng(0)
+    a = rng.normal(0.5, 0.1, 400)
+    same = a + rng.normal(0, 0.05, 400)
+    r = paired_equivalence_test(a, same, margin=0.02)
+    assert r.equivalent and r.ci[0] > -0.02 and r.ci[1] < 0.02 and r.n == 400
+    assert not paired_equivalence_test(a[:5], same[:5], margin=0.02).equivalent  # too few prompts: no finding
+    assert not paired_equivalence_test(a, same + 0.03, margin=0.02).equivalent  # a real shift outside the margin
+    # the p-value is that of the interval: equivalent at level 0.05 exactly when the 90% CI is inside the margin
+    for shift in np.linspace(-0.03, 0.03, 13):
+        r = paired_equivalence_test(a, same + shift, margin=0.02)
+        assert r.equivalent == (-0.02 < r.ci[0] and r.ci[1] < 0.02)
+    passed = np.array([1, 0, 1, 1, 0, 1] * 20)
+    assert paired_equivalence_test(passed, passed, margin=0.05).equivalent  # identical answers: no variance
+    with pytest.raises(ValueError, match="margin > 0"):
+        paired_equivalence_test(a, same, margin=0)

@@ -192,6 +192,49 @@ def paired_quality_test(quality_a, quality_b, *, level: float = 0.05, binary: bo
     return PairedVerdict(int(a.size), float(a.mean()), float(b.mean()), p, test, verdict)
 
 
+
+@dataclass(frozen=True)
+class Equivalence:
+    """Two one-sided tests (TOST) of a paired mean difference b - a against the margin +-`margin`."""
+
+    n: int
+    mean_diff: float
+    ci: tuple[float, float]  # the (1 - 2 level) confidence interval of the mean difference
+    p_value: float  # the larger of the two one-sided p-values
+    margin: float
+    level: float
+
+    @property
+    def equivalent(self) -> bool:
+        """True when the difference is shown to lie within the margin (both one-sided tests reject)."""
+        return self.p_value < self.level
+
+
+def paired_equivalence_test(quality_a, quality_b, *, margin: float, level: float = 0.05) -> Equivalence:
+    """Schuirmann's TOST on paired per-prompt values: "quality unchanged" as a finding, not an absence of one.
+
+    H0: |mean(b - a)| >= margin, rejected at `level` when both one-sided t-tests reject, i.e. when the
+    (1 - 2 level) confidence interval of the mean difference lies inside (-margin, margin). Pass/fail metrics
+    (pass@1) work as 0/1 values: the difference is then one of pass rates. With no variance in the differences
+    the interval is the point itself."""
+    a, b = np.asarray(quality_a, dtype=float), np.asarray(quality_b, dtype=float)
+    if a.shape != b.shape or a.ndim != 1 or a.size < 2:
+        raise ValueError("quality_a and quality_b must be equal-length 1-D sequences of at least 2 prompts")
+    if not margin > 0 or not 0 < level < 0.5:
+        raise ValueError(f"need margin > 0 and 0 < level < 0.5, got margin={margin}, level={level}")
+    d = b - a
+    n, mean = d.size, float(d.mean())
+    se = float(d.std(ddof=1) / np.sqrt(n))
+    if se == 0:
+        inside = abs(mean) < margin
+        return Equivalence(n, mean, (mean, mean), 0.0 if inside else 1.0, margin, level)
+    t = sps.t(df=n - 1)
+    p_low = float(t.sf((mean + margin) / se))  # H0: mean <= -margin
+    p_high = float(t.cdf((mean - margin) / se))  # H0: mean >= margin
+    half = float(t.ppf(1 - level)) * se
+    return Equivalence(n, mean, (mean - half, mean + half), max(p_low, p_high), margin, level)
+
+
 def chisquare_two_sample(counts_a: np.ndarray, counts_b: np.ndarray, min_expected: float = 5.0
                          ) -> tuple[float, int, float]:
     """Chi-squared test of homogeneity of two histograms over the same categories; categories whose pooled
