@@ -124,9 +124,18 @@ class Run:
         return 1e3 * self.seconds / self.new_tokens
 
     @property
+    def decode_seconds(self) -> float:
+        """Time after the first token (the first token's time is the TTFT)."""
+        return self.seconds - self.ttft_seconds
+
+    @property
+    def decode_tokens(self) -> int:
+        return max(1, self.new_tokens - 1)
+
+    @property
     def decode_ms_per_token(self) -> float:
-        """Time per output token after the first (the first token's time is the TTFT)."""
-        return 1e3 * (self.seconds - self.ttft_seconds) / max(1, self.new_tokens - 1)
+        """Time per output token after the first."""
+        return 1e3 * self.decode_seconds / self.decode_tokens
 
 
 def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new_tokens: int,
@@ -179,9 +188,13 @@ def fastest(runs: list[Run]) -> list[Run]:
     best = {}
     for m in dict.fromkeys(r.method for r in runs):
         kernels = {r.kernel for r in runs if r.method == m}
-        best[m] = min(kernels, key=lambda k, m=m: summarize([r for r in runs if (r.method, r.kernel) == (m, k)])
-                      [m]["decode_ms_per_token"])
+        best[m] = min(kernels, key=lambda k, m=m: _pooled_decode([r for r in runs if (r.method, r.kernel) == (m, k)]))
     return [r for r in runs if r.kernel == best[r.method]]
+
+
+def _pooled_decode(runs: list[Run]) -> float:
+    """Seconds per token after the first, pooled over runs."""
+    return sum(r.decode_seconds for r in runs) / sum(r.decode_tokens for r in runs)
 
 
 def summarize(runs: list[Run]) -> dict[str, dict]:
@@ -203,8 +216,7 @@ def summarize(runs: list[Run]) -> dict[str, dict]:
         rs = [r for r in runs if r.method == m]
         decode[m] = {(r.prompt, r.repeat): r.decode_ms_per_token for r in rs}
         out[m] = dict(ms_per_token=1e3 * sum(r.seconds for r in rs) / sum(r.new_tokens for r in rs),
-                      decode_ms_per_token=(1e3 * sum(r.seconds - r.ttft_seconds for r in rs)
-                                           / sum(max(1, r.new_tokens - 1) for r in rs)),
+                      decode_ms_per_token=1e3 * _pooled_decode(rs),
                       ttft_ms=1e3 * statistics.median(r.ttft_seconds for r in rs),
                       spread_ms_per_token=(min(r.ms_per_token for r in rs), max(r.ms_per_token for r in rs)),
                       tokens=sum(r.new_tokens for r in rs), runs=len(rs))
@@ -233,7 +245,7 @@ def speedup_interval(runs: list[Run], method: str, *, level: float = 0.95, seed:
         for r in runs:
             if r.method == m:
                 sec, tok = out.get(r.prompt, (0.0, 0))
-                out[r.prompt] = (sec + r.seconds - r.ttft_seconds, tok + max(1, r.new_tokens - 1))
+                out[r.prompt] = (sec + r.decode_seconds, tok + r.decode_tokens)
         return out
 
     ar, other = per_prompt("autoregressive"), per_prompt(method)
