@@ -97,13 +97,13 @@ def test_rouge2():
     assert data.rouge2_f1("The cat sat", "the cat ran") == pytest.approx(0.5)
 
 
-def test_answer_quality_is_pass_at_1_for_code_and_rouge2_for_text():
-    ex = data.code_examples()[2]  # truncate_number
-    assert data.answer_quality("code", ex, "    return number % 1.0\n") == 1.0
-    assert data.answer_quality("code", ex, "    return number\n") == 0.0
-    assert data.answer_quality("text", {"reference": "the cat ran"}, "The cat sat") == pytest.approx(0.5)
+def test_answer_scores_are_pass_at_1_for_code_and_rouge_for_text():
+    ex = [e for e in data.load_prompts("code") if e["entry_point"] == "truncate_number"][0]
+    assert data.answer_scores("code", ex, "    return number % 1.0\n")["pass_at_1"] == 1.0
+    assert data.answer_scores("code", ex, "    return number\n")["pass_at_1"] == 0.0
+    assert data.answer_scores("text", {"reference": "the cat ran"}, "The cat sat")["rouge2"] == pytest.approx(0.5)
     with pytest.raises(ValueError, match="task must be"):
-        data.answer_quality("xsum", {}, "")
+        data.answer_scores("xsum", {}, "")
 
 
 def test_copied_share_counts_tokens_whose_ngram_is_in_the_prompt():
@@ -115,3 +115,28 @@ def test_copied_share_counts_tokens_whose_ngram_is_in_the_prompt():
     assert math.isnan(data.copied_share(prompt, [], n=2))
     with pytest.raises(ValueError, match="n must be"):
         data.copied_share(prompt, [1], n=0)
+
+
+def test_assertions_are_counted_one_by_one_and_pass_at_1_needs_them_all():
+    ex = data.load_prompts("code")[0]  # has_close_elements: 7 assert statements
+    right = ("```python\ndef has_close_elements(numbers, threshold):\n"
+             "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n```")
+    assert data.assertions_passed(ex, right) == (7, 7, True)
+    assert data.assertions_passed(ex, "    return True\n") == (4, 7, False)  # the four cases expecting True
+    assert data.assertions_passed(ex, "    raise ValueError\n") == (0, 7, False)
+    assert data.assertions_passed(ex, "    while True:\n        pass\n", timeout_s=2) == (0, 7, False)
+    assert data.answer_scores("code", ex, right) == dict(assert_share=1.0, pass_at_1=1.0, parses=1.0)
+    assert data.answer_scores("code", ex, "def (:") == dict(assert_share=0.0, pass_at_1=0.0, parses=0.0)
+    # a statement in a loop passes only if it holds every time
+    looped = dict(ex, test="def check(candidate):\n    for x in (1, 2):\n        assert candidate([x], 0.5) == 1\n")
+    assert data.assertions_passed(looped, "    return 1\n") == (1, 1, True)
+    assert data.assertions_passed(looped, "    return numbers\n") == (0, 1, False)
+
+
+def test_rouge1_and_text_scores():
+    assert data.rouge1_f1("the cat sat", "the cat sat") == 1.0
+    assert data.rouge1_f1("the dog", "a cat") == 0.0
+    assert data.rouge1_f1("The cat sat", "the cat ran") == pytest.approx(2 / 3)
+    scores = data.answer_scores("text", {"reference": "the cat ran"}, "The cat sat")
+    assert scores == dict(rouge1=pytest.approx(2 / 3), rouge2=pytest.approx(0.5))
+    assert set(scores) == set(data.QUALITY_METRICS["text"])

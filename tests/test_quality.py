@@ -1,0 +1,55 @@
+"""Quality with power: answers from both methods, truncation, and the equivalence verdict."""
+
+import numpy as np
+import pytest
+import torch
+
+from specrepro import quality
+from specrepro.numerics import equivalence_power, paired_equivalence_test
+from specrepro.sampling import SamplingConfig
+from specrepro.tiny import tiny_pair
+
+
+def test_truncated_means_cut_at_the_cap_before_eos():
+    assert quality.is_truncated([5, 6, 7], 3, eos_token_id=2)
+    assert not quality.is_truncated([5, 6, 2], 3, eos_token_id=2)
+    assert not quality.is_truncated([5, 2], 3, eos_token_id=2)
+    assert quality.is_truncated([5, 6, 2], 3, eos_token_id=None)
+
+
+def test_answers_of_both_methods_agree_when_greedy_and_report_truncation():
+    target, draft = tiny_pair(16, seed=3, dtype=torch.float64)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    kw = dict(gamma=3, max_new_tokens=10, cfg=SamplingConfig(0), seed=0, batch_size=2, pad_token_id=0)
+    ar = quality.answers(target, None, prompts, eos_token_id=None, **kw)
+    spec = quality.answers(target, draft, prompts, eos_token_id=None, **kw)
+    assert [a["new_ids"] for a in ar] == [s["new_ids"] for s in spec]
+    assert all(a["truncated"] and a["new_tokens"] == 10 for a in ar)
+    eos = ar[0]["new_ids"][4]  # a token the first answer writes: it now ends there
+    ended = quality.answers(target, None, prompts, eos_token_id=eos, **kw)
+    assert ended[0]["new_ids"] == ar[0]["new_ids"][:ar[0]["new_ids"].index(eos) + 1]
+    assert not ended[0]["truncated"]
+
+
+def test_compare_shows_equivalence_only_when_the_difference_is_small_and_the_sample_large():
+    rng = np.random.default_rng(0)
+    a = rng.uniform(0, 1, 200)
+    same = quality.compare(a, a + rng.normal(0, 0.05, 200), metric="m", margin=0.05, identical=[False] * 200)
+    assert same.test.equivalent and same.power > 0.9 and same.identical == 0.0
+    assert "equivalent within +-0.05" in same.verdict
+    shifted = quality.compare(a, a + 0.1 + rng.normal(0, 0.05, 200), metric="m", margin=0.05)
+    assert not shifted.test.equivalent and "not shown equivalent" in shifted.verdict
+    small = quality.compare(a[:5], a[:5] + rng.normal(0, 0.2, 5), metric="m", margin=0.05)
+    assert not small.test.equivalent and small.power < 0.2
+    assert same.a.lo <= same.a.estimate <= same.a.hi and same.a.n_units == 200
+
+
+def test_equivalence_power_matches_simulation():
+    rng = np.random.default_rng(1)
+    n, sd, margin = 60, 0.3, 0.12
+    hits = [paired_equivalence_test(np.zeros(n), rng.normal(0, sd, n), margin=margin).equivalent for _ in range(2000)]
+    assert equivalence_power(sd, n, margin=margin) == pytest.approx(np.mean(hits), abs=0.04)
+    assert equivalence_power(0.0, n, margin=margin) == 1.0
+    assert equivalence_power(sd, n, margin=margin, true_diff=margin) < 0.06  # at the margin: the test's level
+    with pytest.raises(ValueError):
+        equivalence_power(sd, 1, margin=margin)
