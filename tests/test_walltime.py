@@ -92,3 +92,29 @@ def test_iteration_costs_means_weight_each_proposal_length_by_its_iterations():
     assert costs.mean_proposed == 2.5  # (1 + 3 * 3) / 4
     assert costs.mean_verify_ms == 150.0  # (120 + 3 * 160) / 4
     assert costs.iteration_ms == 179.0  # 2.5 * 10 + 150 + 4
+
+
+def test_decode_ms_per_token_leaves_out_the_prefill():
+    import time
+
+    import torch
+
+    from specrepro.tiny import tiny_pair
+
+    target, draft = tiny_pair(16, seed=0, dtype=torch.float32)
+
+    def slow_prefill(module, args, kwargs):  # a prompt of several tokens takes 0.4 s, a decode step nothing extra
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None and ids.shape[1] > 1:
+            time.sleep(0.4)
+
+    handle = target.register_forward_pre_hook(slow_prefill, with_kwargs=True)
+    try:
+        ms = walltime.decode_ms_per_token({"target": target, "draft": draft}, torch.tensor([[1, 2, 3, 4]]), n=8,
+                                          repeats=1)
+    finally:
+        handle.remove()
+    assert set(ms) == {"target", "draft"}
+    assert ms["target"] < 400 / 8 / 2  # with the prefill counted it would be >= 50 ms per token
+    with pytest.raises(ValueError, match="n must be >= 2"):
+        walltime.decode_ms_per_token({"draft": draft}, torch.tensor([[1, 2]]), n=1)

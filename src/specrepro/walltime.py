@@ -18,7 +18,7 @@ import torch
 
 from . import theory
 from .generate import autoregressive_generate, pooled_alpha
-from .timing import forward_seconds, timed
+from .timing import forward_seconds
 
 
 @dataclass(frozen=True)
@@ -135,11 +135,24 @@ def proposal_lengths(runs: list) -> list[int]:
     return [g for r in runs if r.proposed for g in r.proposed]
 
 
-def draft_ms_per_token(draft, prompt: torch.Tensor, n: int = 16, repeats: int = 3) -> float:
-    """The draft's own greedy decoding speed (its cost c times the target's)."""
-    autoregressive_generate(draft, prompt, max_new_tokens=2, temperature=0)
-    times = []
+def decode_ms_per_token(models: dict, prompt: torch.Tensor, n: int = 16, repeats: int = 3) -> dict[str, float]:
+    """Each model's greedy decoding time per token after the first, in ms: the median over `repeats` rounds that
+    take the models in turn (interleaved, so that drift hits all alike), after one warm-up call each. The first
+    iteration (prefill and first token) is left out, as in every decode time of `specrepro.bench`, so a draft's
+    cost c = its value / the target's compares like with like."""
+    if n < 2:
+        raise ValueError(f"n must be >= 2 (the first token is left out), got {n}")
+    for m in models.values():
+        autoregressive_generate(m, prompt, max_new_tokens=2, temperature=0)
+    times: dict[str, list[float]] = {name: [] for name in models}
     for _ in range(repeats):
-        secs, out = timed(lambda: autoregressive_generate(draft, prompt, max_new_tokens=n, temperature=0), None)
-        times.append(secs / out.stats.new_tokens)
-    return 1e3 * statistics.median(times)
+        for name, m in models.items():
+            st = autoregressive_generate(m, prompt, max_new_tokens=n, temperature=0).stats
+            times[name].append(sum(st.iteration_seconds[1:]) / (st.new_tokens - 1))
+    return {name: 1e3 * statistics.median(t) for name, t in times.items()}
+
+
+def draft_ms_per_token(draft, prompt: torch.Tensor, n: int = 16, repeats: int = 3) -> float:
+    """The draft's own greedy decoding time per token after the first (`decode_ms_per_token`): its cost c times
+    the target's decode time per token."""
+    return decode_ms_per_token({"draft": draft}, prompt, n, repeats)["draft"]
