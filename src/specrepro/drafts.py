@@ -390,12 +390,3 @@ def save_lookup_hybrid(folder: Path, model_name: str, max_ngram: int, min_ngram:
 def read_manifest(folder: Path) -> dict:
     """A draft folder's manifest.json."""
     return json.loads((Path(folder) / "manifest.json").read_text())
-
-
-def update_manifest(folder: Path, **fields) -> dict:
-    """Set top-level `fields` of a draft folder's manifest.json (e.g. what was measured of the draft, beside how it
-    was trained), leaving every other key as it was; the file is replaced atomically. Returns the new manifest."""
-    manifest = read_manifest(folder) | fields
-    with paths.writing_file(Path(folder) / "manifest.json") as tmp:
-        _write_manifest(tmp, manifest)
-    return manifest
