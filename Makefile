@@ -9,13 +9,10 @@ PY := $(VENV)/bin/python
 #   make test TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
-NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]-*.ipynb))
-OUTPUTS := $(patsubst notebooks/%.ipynb,outputs/%/metrics.json,$(NOTEBOOKS))
-SRC := $(shell find src -name '*.py')
 
 ## List the targets (default)
 help:
-	@awk '/^## /{doc=substr($$0,4); next} /^[a-zA-Z_%\/.-]+:/{if(doc){split($$1,t,":"); printf "  %-12s %s\n", t[1], doc}; doc=""}' $(MAKEFILE_LIST)
+	@awk '/^## /{doc=substr($$0,4); next} /^[a-zA-Z_%\/.-]+:/{if(doc){split($$1,t,":"); printf "  %-16s %s\n", t[1], doc}; doc=""}' $(MAKEFILE_LIST)
 
 ## Create .venv and install everything (re-runs only when pyproject.toml or constraints.txt change)
 setup: $(STAMP)
@@ -42,12 +39,13 @@ test: lint $(CFF_WHEEL)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-## Execute every notebook in order into outputs/NN-name/ (only those whose inputs changed; make -B to force)
-reproduce: $(OUTPUTS)
+## Execute every notebook in order into outputs/NN-name/, skipping those whose inputs are unchanged (FORCE=1: all)
+reproduce: $(STAMP)
+	$(PY) -m specrepro.reproduce $(if $(FORCE),--force)
 
-# One rule per notebook: papermill into outputs/NN-name/, swapped in only when the run succeeds.
-outputs/%/metrics.json: notebooks/%.ipynb $(SRC) $(STAMP)
-	$(PY) -m specrepro.pipeline $<
+## Check the whole chain on reduced prompts and grids into outputs/quick/ (git-ignored; not the published numbers)
+reproduce-quick: $(STAMP)
+	$(PY) -m specrepro.reproduce --quick $(if $(FORCE),--force)
 
 ## Retrain the draft family by distillation from the target (~75 minutes on 2 CPU cores), then evaluate it
 drafts: $(STAMP)
@@ -66,4 +64,4 @@ clean:
 	rm -rf $(VENV) .pytest_cache outputs/.staging outputs/.failed
 	find . -name __pycache__ -prune -exec rm -rf {} +
 
-.PHONY: help setup test lint reproduce drafts bench lab clean
+.PHONY: help setup test lint reproduce reproduce-quick drafts bench lab clean

@@ -105,3 +105,41 @@ def test_git_commit_is_dirty_for_code_changes_not_for_waiting_outputs(tmp_path, 
     assert not report.git_commit().endswith("+dirty")
     (tmp_path / "code.py").write_text("x = 2\n")
     assert report.git_commit().endswith("+dirty")
+
+
+def test_reproduce_skips_unchanged_notebooks_and_reruns_changed_or_forced(tmp_path, monkeypatch, capsys):
+    from specrepro import paths, reproduce
+
+    monkeypatch.setattr(paths, "OUTPUTS", tmp_path / "outputs")
+    monkeypatch.setattr(paths, "QUICK_OUTPUTS", tmp_path / "outputs" / "quick")
+    monkeypatch.setitem(reproduce.QUICK, "97-demo", {"fail": False})
+    body = "import pathlib\npathlib.Path(out_dir, 'metrics.json').write_text('{}')\nassert not fail, 'planted'"
+    nb = _notebook(tmp_path / "97-demo.ipynb", body)
+    first = reproduce.plan([nb], quick=False, force=False)
+    assert first[0]["run"] and first[0]["expected"] is None
+    assert reproduce.run_plan(first, quick=False, log=lambda m: None) == []
+    record = json.loads((tmp_path / "outputs" / "97-demo" / "run.json").read_text())
+    assert record["wall_seconds"] > 0 and record["inputs_key"] == first[0]["key"]
+    again = reproduce.plan([nb], quick=False, force=False)
+    assert not again[0]["run"] and again[0]["expected"] == record["wall_seconds"]
+    assert reproduce.plan([nb], quick=False, force=True)[0]["run"]
+    quick = reproduce.plan([nb], quick=True, force=False)  # other parameters, other folder: runs
+    assert quick[0]["run"] and quick[0]["upper_bound"] and quick[0]["out_dir"] == tmp_path / "outputs/quick/97-demo"
+    assert reproduce.run_plan(quick, quick=True, log=lambda m: None) == []
+    assert "not the published numbers" in (quick[0]["out_dir"] / "QUICK_RUN.md").read_text()
+    _notebook(nb, body + "\n# an edit")  # the notebook changed: its key changed
+    assert reproduce.plan([nb], quick=False, force=False)[0]["run"]
+    _notebook(nb, body.replace("assert not fail", "assert fail"))  # a failing run keeps the good output
+    assert reproduce.run_plan(reproduce.plan([nb], quick=False, force=False), quick=False, log=print) == ["97-demo"]
+    assert "planted" in capsys.readouterr().out
+    assert json.loads((tmp_path / "outputs" / "97-demo" / "run.json").read_text()) == record
+
+
+def test_reproduce_refuses_unknown_notebooks(capsys):
+    from specrepro import reproduce
+
+    assert reproduce.main(["99-nonexistent", "--dry-run"]) == 1
+    assert "no notebook(s) ['99-nonexistent']" in capsys.readouterr().err
+    assert set(reproduce.QUICK) == {nb.stem for nb in NOTEBOOKS}  # every notebook has a quick configuration
+    for nb in NOTEBOOKS:
+        assert set(reproduce.QUICK[nb.stem]) <= set(declared_parameters(nb))

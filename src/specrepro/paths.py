@@ -17,12 +17,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: src/specrepro/paths.py -> ../..
+PACKAGE = Path(__file__).resolve().parent  # src/specrepro: the library's sources
 DATA = ROOT / "data"
 MODELS = DATA / "models"  # shipped drafts, one folder each with its manifest.json (tracked)
 PROMPTS = DATA / "prompts"  # the prompt sets and their checksums (tracked)
 CACHE = DATA / "cache"  # rebuilt on demand, git-ignored: the converted target, distillation labels, continuations
 NOTEBOOKS = ROOT / "notebooks"
 OUTPUTS = ROOT / "outputs"  # one folder per notebook run; outputs/.staging and .failed hold runs in progress/failed
+QUICK_OUTPUTS = OUTPUTS / "quick"  # `make reproduce-quick`: reduced runs that check the chain (git-ignored)
 
 
 def tmp_sibling(path: str | os.PathLike) -> Path:

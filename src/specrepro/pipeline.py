@@ -5,18 +5,23 @@
     python -m specrepro.pipeline notebooks/03-latency.ipynb -y "gammas: [1, 2, 4]"
 
 The notebook runs in a staging folder (outputs/.staging/<name>/) with `out_dir` pointing there. When it finishes,
-the staging folder gets the executed notebook, an HTML rendering and parameters.json (the parameters cell's
-defaults merged with the overrides), then replaces outputs/<name>/ by rename. A failed run is moved to
-outputs/.failed/<name>/ for inspection, the error is printed with the notebook's name, the exit code is 1, and
-the previous good outputs/<name>/ stays untouched.
+the staging folder gets the executed notebook, an HTML rendering, parameters.json (the parameters cell's defaults
+merged with the overrides) and run.json (when it ran, its wall time, and the sha256 of its inputs, `inputs_key`,
+which `specrepro.reproduce` compares to skip unchanged notebooks), then replaces outputs/<name>/ by rename. A
+failed run is moved to outputs/.failed/<name>/ for inspection, the error is printed with the notebook's name, the
+exit code is 1, and the previous good outputs/<name>/ stays untouched.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import shutil
 import sys
+import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +29,26 @@ import yaml
 
 from . import paths
 from .report import write_json
+
+RUN_RECORD = "run.json"
+
+
+def input_files(notebook: Path) -> list[Path]:
+    """Every file a notebook's results depend on besides its parameters: the notebook, the library's sources, the
+    shipped drafts and prompt sets, and the install pins."""
+    shipped = [p for folder in (paths.MODELS, paths.PROMPTS) for p in sorted(folder.rglob("*")) if p.is_file()]
+    pins = [p for p in (paths.ROOT / "pyproject.toml", paths.ROOT / "constraints.txt") if p.exists()]
+    return [Path(notebook).resolve(), *sorted(paths.PACKAGE.glob("*.py")), *shipped, *pins]
+
+
+def inputs_key(notebook: Path, parameters: dict[str, Any]) -> str:
+    """sha256 over the input files (path and bytes) and the effective parameters (out_dir excluded)."""
+    h = hashlib.sha256()
+    for f in input_files(notebook):
+        name = str(f.relative_to(paths.ROOT)) if f.is_relative_to(paths.ROOT) else f.name
+        h.update(name.encode() + b"\0" + f.read_bytes() + b"\0")
+    h.update(json.dumps({k: v for k, v in parameters.items() if k != "out_dir"}, sort_keys=True, default=str).encode())
+    return h.hexdigest()
 
 
 class NotebookFailed(RuntimeError):
@@ -47,10 +72,13 @@ def declared_parameters(notebook: Path) -> dict[str, Any]:
 
 def run_notebook(notebook: str | os.PathLike, out_dir: str | os.PathLike | None = None,
                  parameters: dict[str, Any] | None = None, *, html: bool = True,
-                 timeout_s: int | None = None) -> Path:
+                 timeout_s: int | None = None, progress_bar: bool = False,
+                 extra_files: dict[str, str] | None = None) -> Path:
     """Execute `notebook` into `out_dir` (default outputs/<notebook name>/) atomically. Returns out_dir.
 
-    Raises ValueError for a parameter the notebook does not declare, NotebookFailed if a cell raises.
+    `progress_bar` shows papermill's per-cell progress (elapsed time and an estimate); `extra_files` (name ->
+    text) are written into the folder before it replaces the old one. Raises ValueError for a parameter the
+    notebook does not declare, NotebookFailed if a cell raises.
     """
     import papermill as pm
 
@@ -71,9 +99,11 @@ def run_notebook(notebook: str | os.PathLike, out_dir: str | os.PathLike | None 
     staging.mkdir(parents=True)
     overrides["out_dir"] = str(staging)
     executed = staging / f"{name}.ipynb"
+    key = inputs_key(notebook, declared | dict(parameters or {}))  # before the run: what it ran on
+    started, t0 = datetime.now().isoformat(timespec="seconds"), time.monotonic()
     try:
         pm.execute_notebook(str(notebook), str(executed), parameters=overrides, kernel_name="python3",
-                            progress_bar=False, cwd=str(notebook.parent), execution_timeout=timeout_s)
+                            progress_bar=progress_bar, cwd=str(notebook.parent), execution_timeout=timeout_s)
     except pm.PapermillExecutionError as err:
         shutil.rmtree(failed, ignore_errors=True)
         failed.parent.mkdir(parents=True, exist_ok=True)
@@ -84,6 +114,10 @@ def run_notebook(notebook: str | os.PathLike, out_dir: str | os.PathLike | None 
     effective = declared | overrides
     effective["out_dir"] = str(out_dir)  # where the results live once the run is accepted
     write_json(staging / "parameters.json", effective)
+    write_json(staging / RUN_RECORD, dict(inputs_key=key, started=started, wall_seconds=time.monotonic() - t0,
+                                          overrides={k: v for k, v in overrides.items() if k != "out_dir"}))
+    for fname, text in (extra_files or {}).items():
+        (staging / fname).write_text(text)
     if html:
         _render_html(executed)
     paths.replace_dir(staging, out_dir)
