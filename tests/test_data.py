@@ -140,3 +140,17 @@ def test_rouge1_and_text_scores():
     scores = data.answer_scores("text", {"reference": "the cat ran"}, "The cat sat")
     assert scores == dict(rouge1=pytest.approx(2 / 3), rouge2=pytest.approx(0.5))
     assert set(scores) == set(data.QUALITY_METRICS["text"])
+
+
+def test_the_assertion_count_cannot_be_faked_or_flooded_by_the_answer():
+    ex = data.load_prompts("code")[0]  # has_close_elements: 7 assert statements
+    forged = ("    for i in range(7):\n        print('tally reached', i)\n"
+              "    globals()['__tally_tally__'] = lambda i, t: None\n    return True\n")
+    assert data.assertions_passed(ex, forged) == (4, 7, False)  # as `return True` alone
+    noisy = ("```python\ndef has_close_elements(numbers, threshold):\n    print('x' * 100_000)\n"
+             "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n```")
+    assert data.assertions_passed(ex, noisy) == (7, 7, True)  # 700 kB of its own output loses no marker
+    constant = dict(ex, test="def check(candidate):\n    assert True, 'free'\n"
+                             "    assert candidate([1.0], 0.5) is False\n")
+    assert data.assertion_program(constant, "    return False\n")[1] == 1  # `assert True` is not counted
+    assert data.assertions_passed(constant, "    return True\n") == (0, 1, False)

@@ -33,14 +33,17 @@ def test_answers_of_both_methods_agree_when_greedy_and_report_truncation():
 
 def test_compare_shows_equivalence_only_when_the_difference_is_small_and_the_sample_large():
     rng = np.random.default_rng(0)
-    a = rng.uniform(0, 1, 200)
-    same = quality.compare(a, a + rng.normal(0, 0.05, 200), metric="m", margin=0.05, identical=[False] * 200)
+    a = rng.uniform(0, 1, 200)  # sd 0.29 per method: the design's sd of a difference is 0.41
+    same = quality.compare(a, a + rng.normal(0, 0.05, 200), metric="m", margin=0.15, identical=[False] * 200)
     assert same.test.equivalent and same.power > 0.9 and same.identical == 0.0
-    assert "equivalent within +-0.05" in same.verdict
-    shifted = quality.compare(a, a + 0.1 + rng.normal(0, 0.05, 200), metric="m", margin=0.05)
+    assert "equivalent within +-0.15" in same.verdict
+    assert same.power == pytest.approx(equivalence_power(np.sqrt(a.var(ddof=1) * 2), 200, margin=0.15), abs=0.02)
+    shifted = quality.compare(a, a + 0.2 + rng.normal(0, 0.05, 200), metric="m", margin=0.15)
     assert not shifted.test.equivalent and "not shown equivalent" in shifted.verdict
     small = quality.compare(a[:5], a[:5] + rng.normal(0, 0.2, 5), metric="m", margin=0.05)
     assert not small.test.equivalent and small.power < 0.2
+    identical = quality.compare(a, a, metric="m", margin=0.05)  # greedy, same outputs: p = 0, power of the design
+    assert identical.test.equivalent and identical.power < 0.2
     assert same.a.lo <= same.a.estimate <= same.a.hi and same.a.n_units == 200
 
 

@@ -180,42 +180,47 @@ def passes_tests(example: dict, answer: str, timeout_s: float = 10.0) -> bool:
 
 
 class _TallyAsserts(ast.NodeTransformer):
-    """Rewrites `assert test` as `__tally__(i, lambda: test)`: the test is evaluated, its outcome recorded, and the
-    program goes on to the next assertion instead of stopping at the first failure."""
+    """Rewrites `assert test` as `<tally>(i, lambda: test)`: the test is evaluated, its outcome recorded, and the
+    program goes on to the next assertion instead of stopping at the first failure. Asserts of a constant (HumanEval
+    has 48 `assert True, "This prints if this assert fails..."`) test nothing: they stay as they are, uncounted."""
 
-    def __init__(self):
-        self.count = 0
+    def __init__(self, tally: str):
+        self.tally, self.count = tally, 0
 
     def visit_Assert(self, node: ast.Assert):
+        if isinstance(node.test, ast.Constant):
+            return node
         no_args = ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[])
-        call = ast.Call(ast.Name("__tally__", ast.Load()), [ast.Constant(self.count), ast.Lambda(no_args, node.test)],
+        call = ast.Call(ast.Name(self.tally, ast.Load()), [ast.Constant(self.count), ast.Lambda(no_args, node.test)],
                         [])
         self.count += 1
         return ast.copy_location(ast.Expr(call), node)
 
 
-# printed once per assertion reached and once per assertion failed; a program could print it too (it would only
-# move its own score), so the marker is long and unlikely
-_TALLY_MARK = "__specrepro_assert__"
-_TALLY_PRELUDE = f"""
-def __tally__(i, test, _seen=set()):
+# Defined after the answer's code (which cannot see or replace it before it exists), with the builtins it needs
+# bound when it is defined; it prints "<tag> reached i" the first time assertion i is reached and "<tag> failed i"
+# the first time it fails, tagged with a random token drawn per run that the answer cannot know in advance.
+_TALLY_DEF = """
+import builtins as _tally_builtins
+def {name}(i, test, _seen=set(), _b=_tally_builtins):
     try:
-        ok = bool(test())
-    except Exception:
+        ok = _b.bool(test())
+    except _b.Exception:
         ok = False
     for event in (("reached", i), ("failed", i) if not ok else None):
         if event is not None and event not in _seen:
             _seen.add(event)
-            print("{_TALLY_MARK}", *event, flush=True)
+            _b.print("{tag}", *event, flush=True)
 """
 
 
-def assertion_program(example: dict, answer: str) -> tuple[str, int]:
-    """The HumanEval program whose tests count their assertions instead of stopping at the first failure: the
-    program and the number of assert statements in the problem's tests."""
-    tally = _TallyAsserts()
+def assertion_program(example: dict, answer: str, tag: str = "tally") -> tuple[str, int]:
+    """The HumanEval program whose tests count their assertions instead of stopping at the first failure, its
+    markers tagged `tag`: the program and the number of (non-constant) assert statements in the problem's tests."""
+    name = f"__tally_{tag}__"
+    tally = _TallyAsserts(name)
     tests = ast.unparse(ast.fix_missing_locations(tally.visit(ast.parse(example["test"]))))
-    program = (_TALLY_PRELUDE + "\n" + solution_for(example, answer) + "\n\n" + tests + "\n"
+    program = (solution_for(example, answer) + "\n\n" + _TALLY_DEF.format(name=name, tag=tag) + "\n" + tests + "\n"
                + f"check({example['entry_point']})\n")
     return program, tally.count
 
@@ -223,19 +228,25 @@ def assertion_program(example: dict, answer: str) -> tuple[str, int]:
 def assertions_passed(example: dict, answer: str, timeout_s: float = 10.0) -> tuple[int, int, bool]:
     """Run the answer against its problem's tests contained, every assert statement checked on its own: (assert
     statements passed, statements in all, pass@1). A statement passes when it was reached and never failed (one in
-    a loop must hold every time); a crash or timeout fails the statements it did not reach. pass@1 is the HumanEval
-    verdict: every statement passed and the program ran to its end."""
+    a loop must hold every time); a crash or timeout fails the statements it did not reach. pass@1 is HumanEval's
+    verdict on the unmodified program (`passes_tests`), run apart, so no output of the answer can fake it.
+
+    The counts are read from the program's output, tagged with a random token per run; an answer that prints more
+    than 2 MB (within the 16 MB output limit) can push early markers out of the captured tail and lose them."""
+    import secrets
+
     from .sandbox import run_contained
 
-    program, total = assertion_program(example, answer)
-    result = run_contained(program, timeout_s=timeout_s, tail_chars=200_000)
+    tag = secrets.token_hex(16)
+    program, total = assertion_program(example, answer, tag)
+    result = run_contained(program, timeout_s=timeout_s, tail_chars=2_000_000)
     reached, failed = set(), set()
     for line in result.stdout.splitlines():
         parts = line.split()
-        if len(parts) == 3 and parts[0] == _TALLY_MARK and parts[2].isdigit():
+        if len(parts) == 3 and parts[0] == tag and parts[2].isdigit():
             (reached if parts[1] == "reached" else failed).add(int(parts[2]))
     passed = len((reached - failed) & set(range(total)))
-    return passed, total, bool(result.ok and passed == total)
+    return passed, total, passes_tests(example, answer, timeout_s)
 
 
 def _words(text: str) -> list[str]:

@@ -28,26 +28,31 @@ from typing import Any
 import yaml
 
 from . import paths
-from .report import write_json
+from .report import environment, write_json
 
 RUN_RECORD = "run.json"
 
 
 def input_files(notebook: Path) -> list[Path]:
     """Every file a notebook's results depend on besides its parameters: the notebook, the library's sources, the
-    shipped drafts and prompt sets, and the install pins."""
+    shipped drafts and prompt sets, and the install pins (pyproject.toml, constraints.txt, and the Makefile, which
+    pins torch and the packages holding the target and the data)."""
     shipped = [p for folder in (paths.MODELS, paths.PROMPTS) for p in sorted(folder.rglob("*")) if p.is_file()]
-    pins = [p for p in (paths.ROOT / "pyproject.toml", paths.ROOT / "constraints.txt") if p.exists()]
+    pins = [p for p in (paths.ROOT / n for n in ("pyproject.toml", "constraints.txt", "Makefile")) if p.exists()]
     return [Path(notebook).resolve(), *sorted(paths.PACKAGE.glob("*.py")), *shipped, *pins]
 
 
 def inputs_key(notebook: Path, parameters: dict[str, Any]) -> str:
-    """sha256 over the input files (path and bytes) and the effective parameters (out_dir excluded)."""
+    """sha256 over the input files (path and bytes), the effective parameters (out_dir excluded) and the machine
+    and software it runs on (Python, CPU, thread count, CUDA and GPU, installed versions of `report.PACKAGES`): a
+    result measured elsewhere is not this machine's."""
     h = hashlib.sha256()
     for f in input_files(notebook):
         name = str(f.relative_to(paths.ROOT)) if f.is_relative_to(paths.ROOT) else f.name
         h.update(name.encode() + b"\0" + f.read_bytes() + b"\0")
     h.update(json.dumps({k: v for k, v in parameters.items() if k != "out_dir"}, sort_keys=True, default=str).encode())
+    machine = {k: v for k, v in environment().items() if k not in ("git_commit", "device", "dtype")}
+    h.update(json.dumps(machine, sort_keys=True, default=str).encode())
     return h.hexdigest()
 
 
@@ -104,11 +109,13 @@ def run_notebook(notebook: str | os.PathLike, out_dir: str | os.PathLike | None 
     try:
         pm.execute_notebook(str(notebook), str(executed), parameters=overrides, kernel_name="python3",
                             progress_bar=progress_bar, cwd=str(notebook.parent), execution_timeout=timeout_s)
-    except pm.PapermillExecutionError as err:
+    except Exception as err:  # a cell that raised, and also a kernel that died or a cell that timed out
         shutil.rmtree(failed, ignore_errors=True)
         failed.parent.mkdir(parents=True, exist_ok=True)
         staging.rename(failed)
-        raise NotebookFailed(f"notebook {name} failed in cell {err.exec_count}: {err.ename}: {err.evalue}\n"
+        where = (f"in cell {err.exec_count}: {err.ename}: {err.evalue}" if isinstance(err, pm.PapermillExecutionError)
+                 else f"{type(err).__name__}: {err}")
+        raise NotebookFailed(f"notebook {name} failed {where}\n"
                              f"  the failed run is kept in {failed}; {out_dir} was left as it was") from None
 
     effective = declared | overrides

@@ -4,10 +4,11 @@ Chen et al. 2023 (arXiv 2302.01318), Table 1, put a quality column beside each s
 XSum ROUGE-2) and read "unchanged" off two close numbers. Here "unchanged" is a finding with a stated power:
 both methods answer the same >= 100 prompts per task, each answer is scored (`specrepro.data.answer_scores`), and
 the per-prompt differences go through a paired equivalence test (TOST, `numerics.paired_equivalence_test`)
-against a margin fixed before the run, with the test's power at a true difference of zero reported beside it.
+against a margin fixed before the run, with the power of that design at a true difference of zero beside it.
 
-The answers are decoded in left-padded batches (`equivalence.decode_in_batches`): 05-batch shows that batching
-leaves each row's output distribution unchanged, and it makes hundreds of long answers affordable on a CPU. When
+The answers are decoded in left-padded batches (`equivalence.decode_in_batches`), which makes hundreds of long
+answers affordable on a CPU: each row decodes as it would alone (05-batch checks greedy rows against batch 1 on the
+real pair; tests/test_batch.py and test_equivalence.py check sampled rows' distributions and draws on tiny pairs). When
 sampling, prompt i draws from its own generator (seed + i) under either method; the two methods read their
 uniforms differently, so their samples differ even so (04-numerics).
 """
@@ -49,7 +50,9 @@ class QualityComparison:
     a: Interval
     b: Interval
     test: Equivalence
-    power: float  # of the TOST with these n and margin, at a true difference of 0 and the observed spread
+    power: float  # of the TOST with these n and margin at a true difference of 0, the methods' scores taken as
+    # independent across prompts (sd of a difference = sqrt(var a + var b)): what the design could detect, not
+    # the observed spread of the differences (0 when greedy outputs coincide), which would only echo the p-value
     identical: float  # share of prompts on which both methods wrote the same tokens (nan when not given)
 
     @property
@@ -68,8 +71,9 @@ def compare(a, b, *, metric: str, margin: float, level: float = 0.05, identical=
     """Compare per-prompt scores `a` (reference method) and `b` (same prompts, same order) of one metric."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     test = paired_equivalence_test(a, b, margin=margin, level=level)
-    sd = float(np.std(b - a, ddof=1))
-    power = equivalence_power(sd, a.size, margin=margin, level=level)
+    # pairing only helps when a prompt's two scores correlate positively, so this is a lower bound then
+    sd_design = float(np.sqrt(np.var(a, ddof=1) + np.var(b, ddof=1)))
+    power = equivalence_power(sd_design, a.size, margin=margin, level=level)
     same = float(np.mean(identical)) if identical is not None else float("nan")
     return QualityComparison(metric, bootstrap(np.mean, a, n_boot=n_boot, seed=seed),
                              bootstrap(np.mean, b, n_boot=n_boot, seed=seed), test, power, same)
