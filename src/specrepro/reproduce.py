@@ -97,7 +97,7 @@ def run_plan(rows: list[dict[str, Any]], *, quick: bool, log=print) -> list[str]
         log(f"  {r['name']:<20} {'run' if r['run'] else 'skip (inputs unchanged since its last good run)':<48} "
             f"{_minutes(r['expected'], r['upper_bound']) if r['run'] else ''}")
     known = [r["expected"] for r in todo if r["expected"] is not None]
-    log(f"  {len(todo)} to run, expected {_minutes(sum(known))} in all"
+    log(f"  {len(todo)} to run, expected {_minutes(sum(known), any(r['upper_bound'] for r in todo))} in all"
         + (f" ({len(todo) - len(known)} without a recorded time)" if len(known) < len(todo) else ""))
     failed, start = [], time.monotonic()
     for i, r in enumerate(todo, 1):
