@@ -151,7 +151,12 @@ def extract_code(answer: str) -> str:
 def program_for(example: dict, answer: str) -> str:
     """The program HumanEval runs: the stub (for its imports), then the answer's code, then the tests. An answer
     that redefines the entry point replaces the stub's; one that does not is read as the body to append."""
-    return solution_for(example, answer) + "\n\n" + example["test"] + "\n" + f"check({example['entry_point']})\n"
+    return _with_tests(solution_for(example, answer), example["test"], example["entry_point"])
+
+
+def _with_tests(solution: str, tests: str, entry_point: str) -> str:
+    """A solution program followed by a problem's tests and the call that runs them, as HumanEval assembles it."""
+    return solution + "\n\n" + tests + "\n" + f"check({entry_point})\n"
 
 
 def solution_for(example: dict, answer: str) -> str:
@@ -224,8 +229,8 @@ def assertion_program(example: dict, answer: str, tag: str = "tally") -> tuple[s
     name = f"__tally_{tag}__"
     tally = _TallyAsserts(name)
     tests = ast.unparse(ast.fix_missing_locations(tally.visit(ast.parse(example["test"]))))
-    program = (solution_for(example, answer) + "\n\n" + _TALLY_DEF.format(name=name, tag=tag) + "\n" + tests + "\n"
-               + f"check({example['entry_point']})\n")
+    program = _with_tests(solution_for(example, answer), _TALLY_DEF.format(name=name, tag=tag) + "\n" + tests,
+                          example["entry_point"])
     return program, tally.count
 
 
@@ -257,31 +262,29 @@ def _words(text: str) -> list[str]:
     return re.findall(r"[a-z']+", text.lower())
 
 
-def rouge2_f1(candidate: str, reference: str) -> float:
-    """ROUGE-2 F1 on lower-cased word bigrams (clipped counts), the XSum metric of Chen et al.'s Table 1."""
+def _rouge_n_f1(candidate: str, reference: str, n: int) -> float:
+    """ROUGE-n F1 on lower-cased word n-grams, with clipped counts (an n-gram counts as often as it occurs in both)."""
     from collections import Counter
 
-    def bigrams(words):
-        return Counter(zip(words, words[1:]))
+    def grams(words):
+        return Counter(zip(*(words[i:] for i in range(n))))
 
-    c, r = bigrams(_words(candidate)), bigrams(_words(reference))
+    c, r = grams(_words(candidate)), grams(_words(reference))
     overlap = sum((c & r).values())
     if not overlap:
         return 0.0
     precision, recall = overlap / sum(c.values()), overlap / sum(r.values())
     return 2 * precision * recall / (precision + recall)
+
+
+def rouge2_f1(candidate: str, reference: str) -> float:
+    """ROUGE-2 F1 on lower-cased word bigrams (clipped counts), the XSum metric of Chen et al.'s Table 1."""
+    return _rouge_n_f1(candidate, reference, 2)
 
 
 def rouge1_f1(candidate: str, reference: str) -> float:
     """ROUGE-1 F1 on lower-cased words (clipped counts)."""
-    from collections import Counter
-
-    c, r = Counter(_words(candidate)), Counter(_words(reference))
-    overlap = sum((c & r).values())
-    if not overlap:
-        return 0.0
-    precision, recall = overlap / sum(c.values()), overlap / sum(r.values())
-    return 2 * precision * recall / (precision + recall)
+    return _rouge_n_f1(candidate, reference, 1)
 
 
 def copied_share(prompt_ids, new_ids, n: int = 4) -> float:
