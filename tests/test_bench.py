@@ -163,6 +163,26 @@ def test_run_bench_runs_every_kernel_on_every_prompt(pair):
     assert isinstance(target.lm_head, SmallRowLinear)  # left with the last kernel
     use_kernel(target, "stock")
     use_kernel(draft, "stock")
-    with pytest.raises(ValueError, match="unknown kernel"):
+    with pytest.raises(ValueError, match="unknown configuration"):
         bench.run_bench(target, draft, [torch.tensor([[1, 2]])], gamma=2, max_new_tokens=2, warmup=False,
                         kernels=("fast",))
+
+
+@pytest.mark.compiles
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # our compiled path must not fall back to eager unseen
+def test_compiled_configuration_runs_ours_and_transformers_compiled_paths():
+    """COMPILED runs our static-cache path and transformers' static-cache compiled generate(): the same greedy
+    tokens as the eager runs; no forward hooks inside compiled graphs; the speedup baseline is the fastest
+    autoregressive method."""
+    target, draft = tiny_pair(32, seed=4, dtype=torch.float32)
+    methods = ("autoregressive", "speculative", bench.HF_AUTOREGRESSIVE, "hf_assisted_fixed")
+    prompts = [torch.tensor([[1, 2, 3]]), torch.tensor([[4, 5, 6, 7, 8]])]
+    runs = bench.run_bench(target, draft, prompts, gamma=2, max_new_tokens=10, methods=methods,
+                           kernels=("stock", bench.COMPILED), compile_mode="default")
+    assert len(runs) == 2 * 2 * len(methods)
+    for p in range(2):
+        assert len({tuple(r.output) for r in runs if r.prompt == p}) == 1
+    assert all((r.forward_times is None) == (r.kernel == bench.COMPILED) for r in runs)
+    summary = bench.summarize(bench.fastest(runs))
+    baseline = min(bench.AUTOREGRESSIVE, key=lambda m: summary[m]["decode_ms_per_token"])
+    assert all(s["baseline"] == baseline for s in summary.values()) and summary[baseline]["speedup"] == 1.0

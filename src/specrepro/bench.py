@@ -14,6 +14,7 @@ the runs, and with the draft's speed and the verification forwards timed apart, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import math
 import statistics
@@ -21,17 +22,27 @@ from dataclasses import dataclass
 
 import torch
 
-from . import intervals, theory, walltime
+from . import flops, intervals, theory, walltime
+from .compiled import MODES, CompileConfig, slots_needed
 from .generate import GenerationStats, autoregressive_generate, pooled_alpha, speculative_generate
 from .kernels import KERNELS, use_kernel
-from .timing import forward_log, timed
+from .timing import forward_log, memory_bandwidth, timed
 
 METHODS = ("autoregressive", "speculative", "hf_assisted_fixed", "hf_assisted_default")
+HF_AUTOREGRESSIVE = "hf_autoregressive"  # transformers' plain generate(), a baseline beside ours
+AUTOREGRESSIVE = ("autoregressive", HF_AUTOREGRESSIVE)  # the speedup baseline is the fastest of these that ran
+COMPILED = "compiled"  # the configuration that runs the compiled static-cache paths (ours and transformers')
+CONFIGS = (*KERNELS, COMPILED)
 
 
 def hf_generate(target, input_ids, *, max_new_tokens: int, temperature: float = 0.0, top_k=None, top_p=None,
-                eos_token_id=None, assistant=None, gamma: int | None = None, generator=None):
+                eos_token_id=None, assistant=None, gamma: int | None = None, generator=None,
+                compile: CompileConfig | None = None):
     """transformers' generate(), with `assistant_model=assistant` when given.
+
+    compile: transformers' own compiled generation, with the same inductor options as ours (`compiled.MODES`) and
+    a static cache of `compile.slots` slots made here (a cache sized per call would compile per prompt length).
+    On a CPU transformers refuses to compile unless the compile config allows every device, which it does here.
 
     gamma set: a like-for-like run (num_assistant_tokens=gamma, constant schedule, no confidence threshold). gamma
     None: transformers' default heuristics, as a user would call it. The assistant's generation config (which
@@ -65,6 +76,8 @@ def hf_generate(target, input_ids, *, max_new_tokens: int, temperature: float = 
             cfg.assistant_confidence_threshold = 0.0
         assistant.generation_config = cfg
         kw["assistant_model"] = assistant
+    if compile is not None:
+        kw |= _hf_compiled(target, compile, input_ids.shape[1] + max_new_tokens + (gamma or 10) + 1)
     devices = [target.device] if target.device.type == "cuda" else []
     try:
         # transformers samples from the global RNG: seed it inside fork_rng, which restores it afterwards
@@ -76,6 +89,21 @@ def hf_generate(target, input_ids, *, max_new_tokens: int, temperature: float = 
         if assistant is not None:
             assistant.generation_config = saved
     return out.cpu()
+
+
+def _hf_compiled(target, config: CompileConfig, need: int) -> dict:
+    """generate() keywords for transformers' compiled decoding on a static cache of `config.slots` slots."""
+    from transformers import StaticCache
+    from transformers.generation import CompileConfig as HFCompileConfig
+
+    if MODES[config.mode] is None:
+        raise ValueError("transformers' compiled generation needs a compiling mode, not 'eager'")
+    slots = config.slots or need
+    if slots < need:
+        raise ValueError(f"a static cache of {slots} slots is too small for {need}: raise CompileConfig.slots")
+    cc = HFCompileConfig(fullgraph=True, dynamic=False, mode=None, options=MODES[config.mode])
+    cc._compile_all_devices = True  # else transformers compiles on CUDA/XPU only (its _valid_auto_compile_criteria)
+    return dict(cache=StaticCache(config=target.config, max_cache_len=slots), compile_config=cc)
 
 
 def hf_supports(draft) -> bool:
@@ -98,7 +126,8 @@ class Run:
     new_tokens: int
     output: list[int] | None = None  # the generated token ids, for quality metrics
     stats: GenerationStats | None = None  # ours only (autoregressive and speculative): forwards and in-run times
-    forward_times: list[tuple[int, float]] | None = None  # every target forward of the run: (tokens fed, seconds)
+    forward_times: list[tuple[int, float]] | None = None  # every target forward of the run: (tokens fed, seconds);
+    # None for the compiled configuration, whose forwards cannot be hooked
     kernel: str = ""  # the `kernels.KERNELS` entry both models ran with ("" where run_bench was not asked to switch)
 
     @property
@@ -141,39 +170,56 @@ class Run:
 def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new_tokens: int,
               temperature: float = 0.0, top_k=None, top_p=None, eos_token_id=None, repeats: int = 1,
               methods=METHODS, seed: int = 0, device=None, warmup: bool = True,
-              kernels: tuple[str, ...] = ()) -> list[Run]:
+              kernels: tuple[str, ...] = (), compile_mode: str = "max-autotune") -> list[Run]:
     """Time each method on each prompt, interleaved; `repeats` rounds. HF methods need a transformers draft.
 
-    `kernels`: names from `kernels.KERNELS`; each prompt is then run with every kernel in turn (the linear layers of
-    the target and of a model draft switched before each), so that each method can be compared at its fastest
-    configuration, side by side (`fastest`). The models are left with the last kernel."""
+    `kernels`: configurations from `CONFIGS`; each prompt is then run with every one in turn, so that each method
+    can be compared at its fastest configuration, side by side (`fastest`). A `kernels.KERNELS` name switches the
+    linear layers of the target and of a model draft; `COMPILED` runs the stock layers through the compiled
+    static-cache paths in `compile_mode`: ours (`compile=`) and transformers' own (`hf_generate(compile=)`), all on
+    one static cache size that fits every prompt, so that each graph compiles once (in the warm-up, or in the
+    first round when `warmup` is off). The models are left with the last kernel."""
     sample = dict(temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos_token_id)
+    slots = slots_needed(max(p.shape[1] for p in prompts), max_new_tokens, max(gamma, 10) + 1)
+    compile_cfg = CompileConfig(compile_mode, slots)
 
-    def call(method, ids, n, g):
+    def call(method, ids, n, g, config):
+        c = compile_cfg if config == COMPILED else None
         if method == "autoregressive":
-            return autoregressive_generate(target, ids, max_new_tokens=n, generator=g, **sample)
+            return autoregressive_generate(target, ids, max_new_tokens=n, generator=g, compile=c or False, **sample)
         if method == "speculative":
-            return speculative_generate(target, draft, ids, gamma=gamma, max_new_tokens=n, generator=g, **sample)
+            return speculative_generate(target, draft, ids, gamma=gamma, max_new_tokens=n, generator=g,
+                                        compile=c or False, **sample)
         fixed = gamma if method == "hf_assisted_fixed" else None
-        return hf_generate(target, ids, max_new_tokens=n, assistant=draft, gamma=fixed, generator=g, **sample)
+        assistant = None if method == HF_AUTOREGRESSIVE else draft
+        return hf_generate(target, ids, max_new_tokens=n, assistant=assistant, gamma=fixed, generator=g, compile=c,
+                           **sample)
 
+    def configure(config):
+        if config:
+            use_kernel(target, "stock" if config == COMPILED else config)
+            use_kernel(draft, "stock" if config == COMPILED else config)
+
+    unknown = set(kernels) - set(CONFIGS)
+    if unknown:
+        raise ValueError(f"unknown configuration(s) {sorted(unknown)}; choose from {CONFIGS}")
     if warmup:
-        for m in methods:
-            call(m, prompts[0], 4, torch.Generator().manual_seed(seed))
+        for config, m in itertools.product(kernels or ("",), methods):
+            configure(config)
+            call(m, prompts[0], 4, torch.Generator().manual_seed(seed), config)
     runs = []
     for rep in range(repeats):
         for (i, ids), kernel in itertools.product(enumerate(prompts), kernels or ("",)):
-            if kernel:
-                use_kernel(target, kernel)
-                use_kernel(draft, kernel)
+            configure(kernel)
             for m in methods:
-                # defaults bind this iteration's m, ids, i; the generator is still built inside the timed call
-                ttft, _ = timed(lambda m=m, ids=ids, i=i: call(m, ids, 1, torch.Generator().manual_seed(seed + i)),
+                # defaults bind this iteration's m, ids, i, kernel; the generator is still built inside the timed call
+                ttft, _ = timed(lambda m=m, ids=ids, i=i, k=kernel: call(m, ids, 1,
+                                                                         torch.Generator().manual_seed(seed + i), k),
                                 device)
-                with forward_log(target, device) as log:
-                    secs, out = timed(lambda m=m, ids=ids, i=i: call(m, ids, max_new_tokens,
-                                                                     torch.Generator().manual_seed(seed + i)),
-                                      device)
+                # a hook inside a compiled forward would change its graph: the compiled runs log no forwards
+                with forward_log(target, device) if kernel != COMPILED else contextlib.nullcontext() as log:
+                    secs, out = timed(lambda m=m, ids=ids, i=i, k=kernel: call(
+                        m, ids, max_new_tokens, torch.Generator().manual_seed(seed + i), k), device)
                 seq = out.sequences if hasattr(out, "sequences") else out
                 runs.append(Run(m, i, rep, secs, ttft, seq.shape[1] - ids.shape[1],
                                 output=seq[0, ids.shape[1]:].tolist(), stats=getattr(out, "stats", None),
@@ -200,7 +246,8 @@ def _pooled_decode(runs: list[Run]) -> float:
 def summarize(runs: list[Run]) -> dict[str, dict]:
     """Per method: time per output token pooled over the runs (total seconds / total tokens; `decode_` after the
     first token, whose time is the TTFT, reported apart as a median), the (min, max) time per token over runs, and
-    the speedup over autoregressive as the ratio of pooled decode times, with the (min, max) of the per-run
+    the speedup over the fastest autoregressive method that ran (`AUTOREGRESSIVE`, named in `baseline`) as the
+    ratio of pooled decode times, with the (min, max) of the per-run
     ratios paired by prompt and repeat in `speedup_range`, and a 95% percentile bootstrap interval over prompts in
     `speedup_lo`/`speedup_hi` (`intervals.bootstrap`: prompts resampled, each with all its repeats and both methods'
     times, so that the interval is for this workload's pooled speedup on other prompts like these; `n_prompts`).
@@ -226,19 +273,23 @@ def summarize(runs: list[Run]) -> dict[str, dict]:
             out[m] |= dict(target_forwards_per_token=len(fwd) / tokens,
                            target_forward_ms_per_token=1e3 * sum(t for _, t in fwd) / tokens,
                            other_ms_per_token=1e3 * (sum(r.seconds for r in rs) - sum(t for _, t in fwd)) / tokens)
-    if "autoregressive" in out:
-        base = out["autoregressive"]["decode_ms_per_token"]
+    bases = [m for m in AUTOREGRESSIVE if m in out]
+    if bases:
+        baseline = min(bases, key=lambda m: out[m]["decode_ms_per_token"])
+        base = out[baseline]["decode_ms_per_token"]
         for m in out:
             out[m]["speedup"] = base / out[m]["decode_ms_per_token"]
-            paired = [decode["autoregressive"][k] / v for k, v in decode[m].items() if k in decode["autoregressive"]]
+            out[m]["baseline"] = baseline
+            paired = [decode[baseline][k] / v for k, v in decode[m].items() if k in decode[baseline]]
             out[m]["speedup_range"] = (min(paired), max(paired)) if paired else (math.nan, math.nan)
-            ci = speedup_interval(runs, m)
+            ci = speedup_interval(runs, m, baseline=baseline)
             out[m] |= dict(speedup_lo=ci.lo, speedup_hi=ci.hi, n_prompts=ci.n_units)
     return out
 
 
-def speedup_interval(runs: list[Run], method: str, *, level: float = 0.95, seed: int = 0) -> intervals.Interval:
-    """Pooled decode-time speedup of `method` over autoregressive with a percentile bootstrap interval over prompts
+def speedup_interval(runs: list[Run], method: str, *, level: float = 0.95, seed: int = 0,
+                     baseline: str = "autoregressive") -> intervals.Interval:
+    """Pooled decode-time speedup of `method` over `baseline` with a percentile bootstrap interval over prompts
     (each prompt's repeats stay together); only prompts both methods ran count."""
     def per_prompt(m):
         out = {}
@@ -248,10 +299,10 @@ def speedup_interval(runs: list[Run], method: str, *, level: float = 0.95, seed:
                 out[r.prompt] = (sec + r.decode_seconds, tok + r.decode_tokens)
         return out
 
-    ar, other = per_prompt("autoregressive"), per_prompt(method)
+    ar, other = per_prompt(baseline), per_prompt(method)
     shared = sorted(set(ar) & set(other))
     if not shared:
-        raise ValueError(f"no prompt was run by both autoregressive decoding and {method!r}")
+        raise ValueError(f"no prompt was run by both {baseline!r} and {method!r}")
     cols = [[ar[k][0] for k in shared], [ar[k][1] for k in shared], [other[k][0] for k in shared],
             [other[k][1] for k in shared]]
     return intervals.bootstrap(intervals.speedup, *cols, level=level, seed=seed)
@@ -313,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
     ap.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS),
                     help="linear-layer kernels to run every method with; each method is compared at its fastest")
+    ap.add_argument("--compile", nargs="?", const="max-autotune", default=None, choices=sorted(MODES),
+                    help="also run every method through its compiled static-cache path (ours and transformers'), "
+                         "in this torch.compile mode (default max-autotune; minutes of compilation first)")
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     target = load_target(args.target, dtype=dtype, device=args.device)
@@ -320,34 +374,41 @@ def main(argv: list[str] | None = None) -> int:
     tok = load_tokenizer(args.target)
     prompts = [encode_prompt(tok, args.task, ex) for ex in eval_prompts(args.task, args.prompts)]
     hf_ok = not args.no_hf and hf_supports(draft)
-    methods = METHODS if hf_ok else METHODS[:2]
+    methods = (*METHODS[:2], HF_AUTOREGRESSIVE, *METHODS[2:]) if hf_ok else METHODS[:2]
+    configs = (*args.kernels, COMPILED) if args.compile else tuple(args.kernels)
     runs = run_bench(target, draft, prompts, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                      eos_token_id=tok.eos_token_id, repeats=args.repeats, methods=methods, device=args.device,
-                     kernels=tuple(args.kernels))
-    for kernel in args.kernels:
+                     kernels=configs, compile_mode=args.compile or "max-autotune")
+    for kernel in configs:
         print(f"--- kernel {kernel}")
         _print_summary(summarize([r for r in runs if r.kernel == kernel]))
     runs = fastest(runs)
     summary = summarize(runs)
     spec_kernel = next(r.kernel for r in runs if r.method == "speculative")
-    use_kernel(target, spec_kernel)  # the costs timed apart, below, with the speculative runs' kernel
-    use_kernel(draft, spec_kernel)
+    use_kernel(target, "stock" if spec_kernel == COMPILED else spec_kernel)  # the costs timed apart, below, with
+    use_kernel(draft, "stock" if spec_kernel == COMPILED else spec_kernel)  # the speculative runs' configuration
+    compile_apart = CompileConfig(args.compile) if spec_kernel == COMPILED else False
     alpha = pooled_alpha(r.stats for r in runs if r.method == "speculative")
     ctx = int(statistics.mean(p.shape[1] for p in prompts)) + args.max_new_tokens // 2
-    verify = walltime.verify_ms(target, ctx, args.gamma, device=args.device)
+    verify = walltime.verify_ms(target, ctx, args.gamma, device=args.device, compile=compile_apart)
     apart = walltime.predicted_speedup(alpha, args.gamma,
                                        ar_ms_per_token=summary["autoregressive"]["decode_ms_per_token"],
-                                       draft_ms_per_token=walltime.draft_ms_per_token(draft, prompts[0]),
+                                       draft_ms_per_token=walltime.draft_ms_per_token(draft, prompts[0],
+                                                                                      compile=compile_apart),
                                        forward_ms_1=verify[0], forward_ms_verify=verify,
                                        lengths=walltime.proposal_lengths(runs))
     costs = walltime.iteration_costs(runs)
+    floor = floor_ms(target, ctx, device=args.device)
     print("--- each method at its fastest kernel: "
           + ", ".join(f"{m} {k}" for m, k in dict.fromkeys((r.method, r.kernel) for r in runs)))
     _print_summary(summary)
     print(f"target {args.target}, draft {args.draft}, gamma {args.gamma}, T={args.temperature}, "
           f"{len(prompts)} {args.task} prompts x {args.repeats} rounds, {torch.get_num_threads()} threads, "
           f"{args.device}; speedup intervals: 95% percentile bootstrap over prompts")
+    print(f"bandwidth floor of a decode step {floor:.1f} ms (weights and cache read / measured bandwidth): "
+          + ", ".join(f"{m} {summary[m]['decode_ms_per_token'] / floor:.2f}x" for m in AUTOREGRESSIVE if m in summary)
+          + f"; the decode step of our runs {costs.step_ms / floor:.2f}x")
     print(f"in-run costs: decode step {costs.step_ms:.1f} ms, draft {costs.draft_ms:.2f} ms/token, overhead "
           f"{costs.overhead_ms:.2f} ms/iteration, verification in decode steps "
           + ", ".join(f"g={g}: {v:.2f} (x{costs.iterations[g]})" for g, v in costs.verify_steps.items()))
@@ -355,6 +416,15 @@ def main(argv: list[str] | None = None) -> int:
           f"{walltime.predicted_speedup_in_run(runs):.2f}x with the costs timed in the runs, "
           f"{apart:.2f}x with the costs timed apart")
     return 0
+
+
+def floor_ms(model, context: int, device=None) -> float:
+    """The memory-bandwidth floor of one decode step at `context` cached tokens, in ms: the bytes a forward of one
+    token must read (`flops.forward_bytes`: every weight once, the KV cache, in the model's dtype) over the
+    bandwidth measured now (`timing.memory_bandwidth`)."""
+    bytes_ = flops.forward_bytes(flops.flops_config(model), 1, context,
+                                 bytes_per_param=next(model.parameters()).element_size())
+    return 1e3 * sum(bytes_.values()) / memory_bandwidth(device or "cpu")
 
 
 def _print_summary(summary: dict) -> None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .compiled import as_config, cached_model_factory, slots_needed
 from .kvcache import CachedModel
 from .sampling import SamplingConfig, greedy_accept, probs_from_logits, sample_from, speculative_accept
 
@@ -370,18 +371,21 @@ def autoregressive_generate(model, input_ids: torch.Tensor, *, max_new_tokens: i
                             eos_token_id: int | Sequence[int] | None = None,
                             generator: torch.Generator | Sequence[torch.Generator] | None = None,
                             attention_mask: torch.Tensor | None = None, pad_token_id: int | None = None,
-                            check_invariants: bool = False) -> GenerationResult:
+                            check_invariants: bool = False, compile=False) -> GenerationResult:
     """Plain decoding, one token per forward with a KV cache: the reference speculative sampling must match.
 
     Each token is drawn from the warped target distribution by inverse CDF with one uniform from the row's
     generator. A row stops after `max_new_tokens` tokens or right after an EOS token. `input_ids` may be a
     left-padded batch with its `attention_mask`; `pad_token_id` fills rows that end early. `check_invariants`
-    asserts the cache's invariants after every iteration (a debug switch; slower).
+    asserts the cache's invariants after every iteration (a debug switch; slower). `compile=True` (or a mode name,
+    or a `specrepro.compiled.CompileConfig`) decodes a single row on a static cache with compiled forwards
+    (`specrepro.compiled`): the same tokens up to float numerics, faster once compiled.
     """
     cfg = SamplingConfig(temperature, top_k, top_p)
     return decode(model, None, input_ids, attention_mask, gamma=0, max_new_tokens=max_new_tokens, cfg=cfg,
                   eos=_eos_set(eos_token_id), generator=generator, pad_token_id=pad_token_id,
-                  check_invariants=check_invariants)
+                  check_invariants=check_invariants,
+                  cached_model=_cached_model(compile, input_ids, max_new_tokens, block=1))
 
 
 def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int, max_new_tokens: int,
@@ -389,7 +393,7 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int, 
                          eos_token_id: int | Sequence[int] | None = None,
                          generator: torch.Generator | Sequence[torch.Generator] | None = None,
                          attention_mask: torch.Tensor | None = None, pad_token_id: int | None = None,
-                         check_invariants: bool = False) -> GenerationResult:
+                         check_invariants: bool = False, compile=False) -> GenerationResult:
     """Speculative sampling (Leviathan Alg. 1, Chen Alg. 2): the draft proposes gamma tokens, the target scores
     them in one forward of gamma+1 tokens, and `speculative_accept` keeps a prefix plus one token of its own.
 
@@ -409,6 +413,11 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int, 
     Batches: `input_ids` (B, L) left-padded with `attention_mask` (B, L); rows are independent draws, each
     distributed as the target's for its own prompt; `pad_token_id` fills rows that end early.
     `check_invariants` asserts both caches' invariants after every iteration (a debug switch; slower).
+
+    `compile=True` (or a mode name, or a `specrepro.compiled.CompileConfig`) decodes a single row on static caches
+    with compiled forwards of one token and of gamma + 1 tokens (`specrepro.compiled`), for the target and a
+    transformers draft; a draft with its own cache (prompt lookup) stays eager. Same algorithm, same tokens up to
+    float numerics; the first call compiles (minutes on a CPU), later ones reuse the graphs.
     """
     cfg = SamplingConfig(temperature, top_k, top_p)
     if not _is_int(gamma) or gamma < 1:
@@ -416,4 +425,17 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int, 
     check_same_vocab(target, draft)
     return decode(target, draft, input_ids, attention_mask, gamma=gamma, max_new_tokens=max_new_tokens, cfg=cfg,
                   eos=_eos_set(eos_token_id), generator=generator, pad_token_id=pad_token_id,
-                  check_invariants=check_invariants)
+                  check_invariants=check_invariants,
+                  cached_model=_cached_model(compile, input_ids, max_new_tokens, block=gamma + 1))
+
+
+def _cached_model(compile, input_ids: torch.Tensor, max_new_tokens: int, *, block: int):
+    """The cache bookkeeping `compile=` asks for: `CachedModel` (eager), or the compiled path's factory."""
+    config = as_config(compile)
+    if config is None:
+        return CachedModel
+    if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[0] != 1:
+        raise ValueError(f"compile=True decodes one sequence at a time, got a batch of {input_ids.shape[0]}: "
+                         "decode the rows one by one, or use compile=False (the batched path)")
+    slots = config.slots or slots_needed(input_ids.shape[-1], max_new_tokens, block)
+    return cached_model_factory(config, block=block, slots=slots)

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import torch
 
 from . import theory
+from .compiled import StaticCachedModel, as_config, slots_needed
 from .generate import autoregressive_generate, pooled_alpha
-from .timing import forward_seconds
+from .timing import forward_seconds, timed
 
 
 @dataclass(frozen=True)
@@ -125,9 +126,28 @@ def predicted_speedup_in_steps(alpha: float, gamma: int, *, ar_ms_per_token: flo
                              forward_ms_verify=[ar_ms_per_token * r for r in verify_steps], lengths=lengths)
 
 
-def verify_ms(target, context: int, gamma: int, device=None) -> list[float]:
-    """Milliseconds of one target forward of g+1 tokens after `context` cached ones, for g = 0..gamma."""
-    return [1e3 * forward_seconds(target, context, g + 1, device=device) for g in range(gamma + 1)]
+def verify_ms(target, context: int, gamma: int, device=None, *, compile=False, repeats: int = 5) -> list[float]:
+    """Milliseconds of one target forward of g+1 tokens after `context` cached ones, for g = 0..gamma.
+
+    compile: time the compiled static-cache forwards instead (`specrepro.compiled`, as `compile=` of the loops
+    takes it), each the median of `repeats` after a warm-up that compiles; every block of 2..gamma+1 tokens runs
+    padded to gamma + 1 there, as in the loops."""
+    config = as_config(compile)
+    if config is None:
+        return [1e3 * forward_seconds(target, context, g + 1, device=device) for g in range(gamma + 1)]
+    slots = config.slots or slots_needed(context, 0, gamma + 1)
+    m = StaticCachedModel(target, "target", [], block=gamma + 1, slots=slots, mode=config.mode)
+    tokens = torch.randint(target.config.vocab_size, (context + gamma + 1,), generator=torch.Generator().manual_seed(0))
+    m.feed([tokens[:context].tolist()], 1)
+    out = []
+    for g in range(gamma + 1):
+        new = tokens[context:context + g + 1].tolist()
+        times = []
+        for _ in range(repeats + 1):  # the first compiles (once per width) and warms up
+            times.append(timed(lambda new=new, g=g: m.feed([new], g + 1), device)[0])
+            m.keep([context])
+        out.append(1e3 * statistics.median(times[1:]))
+    return out
 
 
 def proposal_lengths(runs: list) -> list[int]:
@@ -135,24 +155,26 @@ def proposal_lengths(runs: list) -> list[int]:
     return [g for r in runs if r.proposed for g in r.proposed]
 
 
-def decode_ms_per_token(models: dict, prompt: torch.Tensor, n: int = 16, repeats: int = 3) -> dict[str, float]:
+def decode_ms_per_token(models: dict, prompt: torch.Tensor, n: int = 16, repeats: int = 3,
+                        compile=False) -> dict[str, float]:
     """Each model's greedy decoding time per token after the first, in ms: the median over `repeats` rounds that
     take the models in turn (interleaved, so that drift hits all alike), after one warm-up call each. The first
     iteration (prefill and first token) is left out, as in every decode time of `specrepro.bench`, so a draft's
-    cost c = its value / the target's compares like with like."""
+    cost c = its value / the target's compares like with like. `compile` as the loops take it (the warm-up
+    compiles; give a `CompileConfig` with `slots` to share the graphs of the runs it is compared with)."""
     if n < 2:
         raise ValueError(f"n must be >= 2 (the first token is left out), got {n}")
     for m in models.values():
-        autoregressive_generate(m, prompt, max_new_tokens=2, temperature=0)
+        autoregressive_generate(m, prompt, max_new_tokens=n, temperature=0, compile=compile)
     times: dict[str, list[float]] = {name: [] for name in models}
     for _ in range(repeats):
         for name, m in models.items():
-            st = autoregressive_generate(m, prompt, max_new_tokens=n, temperature=0).stats
+            st = autoregressive_generate(m, prompt, max_new_tokens=n, temperature=0, compile=compile).stats
             times[name].append(sum(st.iteration_seconds[1:]) / (st.new_tokens - 1))
     return {name: 1e3 * statistics.median(t) for name, t in times.items()}
 
 
-def draft_ms_per_token(draft, prompt: torch.Tensor, n: int = 16, repeats: int = 3) -> float:
+def draft_ms_per_token(draft, prompt: torch.Tensor, n: int = 16, repeats: int = 3, compile=False) -> float:
     """The draft's own greedy decoding time per token after the first (`decode_ms_per_token`): its cost c times
     the target's decode time per token."""
-    return decode_ms_per_token({"draft": draft}, prompt, n, repeats)["draft"]
+    return decode_ms_per_token({"draft": draft}, prompt, n, repeats, compile)["draft"]

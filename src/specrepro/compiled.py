@@ -1,0 +1,186 @@
+"""The compiled decode path: a static KV cache and forwards of fixed shape, compiled once and reused.
+
+The recipe gpt-fast made known (and transformers' `cache_implementation="static"` follows): batch-1 decoding is
+memory-bound only once the per-step overhead is gone, and most of that overhead is the framework's, not the math's
+(Python dispatch of ~300 small ops per step, a cache that grows by concatenation). So:
+
+- the cache is a transformers `StaticCache` of a fixed number of slots, allocated once; its layers keep the fill
+  level as a tensor, so a forward has the same shapes and the same graph at every position;
+- a forward of one token (a decode step, a draft step) and a forward of `block` = gamma + 1 tokens (a
+  verification; shorter blocks are padded up to it) are each compiled once with `torch.compile(fullgraph=True,
+  dynamic=False)`, so a whole decode needs two compiled graphs per model. The prompt's prefill, the only other
+  width, runs eagerly on the same cache;
+- rolling back moves the fill level (`StaticCache.crop`), nothing is copied; the padding of a short block is rolled
+  back the same way right after its forward, so the cache never holds a token of it.
+
+On the CPU the mode that reaches the memory floor is inductor's max-autotune with freezing (the weights become
+constants, which lets inductor use its own few-row GEMM instead of MKL's; measured in ../shared/NOTES.md and 02):
+it compiles for 2-3 minutes per shape on 2 cores. `mode="default"` compiles in about a minute and `mode="eager"`
+runs the same static-cache bookkeeping uncompiled (tests, debugging, and the fallback where compilation fails).
+On a GPU, `mode="reduce-overhead"` adds CUDA graphs.
+
+Compiled code is cached by torch per function and model (guards on the model object), so a second
+`speculative_generate(..., compile=True)` with the same models and cache size reuses it; cache sizes are rounded up
+to a multiple of `SLOT_BUCKET` so that prompts of different lengths share graphs.
+
+This path serves batch 1 (the row of `generate`'s loop) and transformers causal LMs; a draft that brings its own
+cache (prompt lookup, the lookup hybrid) keeps its eager path, since it has no forward worth compiling.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from .kvcache import CachedModel, cache_kwarg, model_forward
+from .sampling import check_logits
+
+SLOT_BUCKET = 256  # static caches hold a multiple of this many slots
+# inductor options per mode: torch's presets (`torch._inductor.list_mode_options`) plus freezing, which folds the
+# weights in as constants (needed on the CPU for inductor's own GEMM template, harmless elsewhere). `options=` and
+# `mode=` cannot both be given to torch.compile, hence the spelled-out presets.
+MODES = {
+    "max-autotune": {"max_autotune": True, "coordinate_descent_tuning": True, "freezing": True},
+    "default": {"freezing": True},
+    "reduce-overhead": {"triton.cudagraphs": True, "freezing": True},
+    "eager": None,  # the static cache without compilation
+}
+
+
+@dataclass(frozen=True)
+class CompileConfig:
+    """How `compile=` decodes: `mode` one of `MODES`; `slots` the static cache's size (None: the prompt, the new
+    tokens and one block, rounded up to a multiple of `SLOT_BUCKET`). A larger cache costs attention over more
+    (masked) slots at every step; a different size compiles new graphs."""
+
+    mode: str = "max-autotune"
+    slots: int | None = None
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"unknown compile mode {self.mode!r}; choose from {sorted(MODES)}")
+        if self.slots is not None and (not isinstance(self.slots, int) or self.slots < 1):
+            raise ValueError(f"slots must be a positive integer or None, got {self.slots!r}")
+
+
+def as_config(compile) -> CompileConfig | None:
+    """`compile=` as the loops take it: False/None (the eager path), True (max-autotune), a mode name, or a
+    `CompileConfig`."""
+    if compile is None or compile is False:
+        return None
+    if compile is True:
+        return CompileConfig()
+    if isinstance(compile, str):
+        return CompileConfig(mode=compile)
+    if isinstance(compile, CompileConfig):
+        return compile
+    raise ValueError(f"compile must be a bool, a mode name {sorted(MODES)} or a CompileConfig, got {compile!r}")
+
+
+def slots_needed(prompt_len: int, max_new_tokens: int, block: int) -> int:
+    """Cache slots a decode can touch: the prompt, the new tokens and one padded block past them, bucketed."""
+    need = prompt_len + max_new_tokens + block
+    return -(-need // SLOT_BUCKET) * SLOT_BUCKET
+
+
+def _forward(model, ids: torch.Tensor, cache, n_logits: int, keyword: str) -> torch.Tensor:
+    """The function that gets compiled: one forward on the static cache (passed under `keyword`, see
+    `kvcache.cache_kwarg`), positions from its fill level."""
+    return model(input_ids=ids, use_cache=True, logits_to_keep=n_logits, **{keyword: cache}).logits
+
+
+def compiled_forward(mode: str):
+    """`_forward` compiled in `mode` (or itself for "eager"). torch keeps one cache of compiled graphs per function,
+    keyed by guards on the model and shapes, so rebuilding this wrapper does not recompile."""
+    options = MODES[mode]
+    if options is None:
+        return _forward
+    return torch.compile(_forward, fullgraph=True, dynamic=False, options=options)
+
+
+def compiles(model) -> bool:
+    """Whether the compiled path applies to `model`: a module without a cache of its own."""
+    return isinstance(model, torch.nn.Module) and not hasattr(model, "make_cache")
+
+
+class StaticCachedModel(CachedModel):
+    """`CachedModel` (the loop's cache bookkeeping) on a static cache, with compiled forwards of width 1 and
+    `block`. Batch 1 only: a batch's rows grow raggedly, which needs per-row masks (`CachedModel`)."""
+
+    def __init__(self, model, who: str, log_: list[tuple[int, int]], rows: int = 1, *, block: int, slots: int,
+                 mode: str):
+        if rows != 1:
+            raise ValueError(f"compile=True decodes one sequence at a time, got a batch of {rows}: decode rows one by "
+                             "one, or use compile=False (the batched path)")
+        from transformers import StaticCache
+
+        self.model, self.who, self.log = model, who, log_
+        self.device = next(model.parameters()).device
+        self.cache = StaticCache(config=model.config, max_cache_len=slots)
+        self.fed, self.mask = [0], None
+        self.block, self.capacity, self.mode = block, slots, mode
+        self.step, self.keyword = compiled_forward(mode), cache_kwarg(model)
+
+    @property
+    def slots(self) -> int:
+        return int(self.cache.get_seq_length())
+
+    @torch.no_grad()
+    def feed(self, new: list[list[int]], n_logits: int, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """As `CachedModel.feed` for one row: widths 1 and up to `block` run compiled (a short block padded up to
+        `block`, the padding rolled back at once), longer ones (the prefill) eagerly."""
+        (tokens,) = new
+        w = len(tokens)
+        if pad_mask is not None and not bool(pad_mask.all()):
+            raise ValueError("the compiled path takes no padding: decode one unpadded row")
+        if self.fed[0] + max(w, self.block) > self.capacity:
+            raise ValueError(f"the static cache holds {self.capacity} slots, and this forward would need "
+                             f"{self.fed[0] + max(w, self.block)}: pass CompileConfig(slots=...) large enough for the "
+                             "prompt, max_new_tokens and gamma + 1")
+        self.log.append((w, self.slots))
+        width = 1 if w == 1 else self.block if w <= self.block else w
+        ids = torch.tensor([tokens + [0] * (width - w)], device=self.device)  # (1, width): filler after the row
+        if width == w and w > self.block:  # the prefill
+            logits = model_forward(self.model, ids, self.cache, logits_to_keep=n_logits).logits
+        else:
+            logits = self._compiled(ids, width)[:, w - n_logits:w]  # (1, n_logits, V): the real tokens' last ones
+            if width > w:
+                self.cache.crop(w - width)  # the filler's slots: forgotten before anything reads them
+        self.fed = [self.fed[0] + w]
+        check_logits(logits[0], self.who)
+        return logits
+
+    def _compiled(self, ids: torch.Tensor, width: int) -> torch.Tensor:
+        try:
+            # clone: a compiled graph (CUDA graphs) may reuse its output buffer at the next call
+            return self.step(self.model, ids, self.cache, width, self.keyword).clone()
+        except Exception as err:  # compilation unavailable (no compiler, an unsupported op): say so, run eagerly
+            if self.step is _forward:
+                raise
+            warnings.warn(f"torch.compile failed for the {self.who} ({type(err).__name__}: {err}); decoding on "
+                          "the static cache without compilation (mode='eager')", RuntimeWarning, stacklevel=4)
+            self.step, self.mode = _forward, "eager"
+            return _forward(self.model, ids, self.cache, width, self.keyword)
+
+    def keep(self, lengths: list[int]) -> None:
+        (k,) = lengths
+        if k < self.fed[0]:
+            self.cache.crop(k - self.slots)
+            self.fed = [k]
+
+    def select(self, rows: list[int]) -> None:
+        if rows != [0]:
+            raise ValueError("the compiled path holds one row")
+
+
+def cached_model_factory(config: CompileConfig, *, block: int, slots: int):
+    """What `generate.decode(cached_model=...)` takes: a `StaticCachedModel` for models the compiled path serves,
+    the eager `CachedModel` for the others (drafts with a cache of their own)."""
+    def make(model, who, log_, rows=1):
+        if not compiles(model):
+            return CachedModel(model, who, log_, rows)
+        return StaticCachedModel(model, who, log_, rows, block=block, slots=slots, mode=config.mode)
+
+    return make

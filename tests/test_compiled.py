@@ -1,0 +1,122 @@
+"""The compiled decode path (`compile=`): the same tokens as the eager path, rollback of padded blocks, the target's
+distribution, errors and the fallback. Mode "eager" runs the static-cache bookkeeping uncompiled (fast); the tests
+marked `compiles` run inductor on tiny models (about ten seconds per graph on 2 cores)."""
+
+import pytest
+import torch
+
+from specrepro import autoregressive_generate, compiled, speculative_generate
+from specrepro.compiled import SLOT_BUCKET, CompileConfig, StaticCachedModel
+from specrepro.distribution import chisquare_gof, counts_of, exact_joint_distribution
+from specrepro.drafts import PromptLookupDraft
+from specrepro.sampling import SamplingConfig
+from specrepro.tiny import tiny_pair
+
+PROMPTS = [torch.tensor([[0, 3, 5]]), torch.tensor([[6]]), torch.tensor([[1, 2, 3, 4, 5, 6, 7, 1, 2]])]
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+@pytest.mark.parametrize("prompt", range(len(PROMPTS)))
+def test_static_path_gives_the_eager_paths_tokens(pair64, gamma, prompt):
+    target, draft = pair64
+    x = PROMPTS[prompt]
+    ref = autoregressive_generate(target, x, max_new_tokens=30, temperature=0)
+    assert torch.equal(autoregressive_generate(target, x, max_new_tokens=30, temperature=0, compile="eager").sequences,
+                       ref.sequences)
+    got = speculative_generate(target, draft, x, gamma=gamma, max_new_tokens=30, temperature=0, compile="eager")
+    assert torch.equal(got.sequences, ref.sequences)
+    for temperature, top_p in [(1.0, None), (1.3, 0.85)]:  # float64: the same uniforms give the same draws
+        kw = dict(gamma=gamma, max_new_tokens=30, temperature=temperature, top_p=top_p)
+        eager = speculative_generate(target, draft, x, generator=torch.Generator().manual_seed(5), **kw)
+        static = speculative_generate(target, draft, x, generator=torch.Generator().manual_seed(5), compile="eager",
+                                      **kw)
+        assert torch.equal(static.sequences, eager.sequences)
+        assert static.stats.accepted == eager.stats.accepted
+
+
+def test_padded_blocks_leave_no_trace_in_the_cache(pair64):
+    """A block shorter than gamma + 1 runs padded to it; the padding's slots are rolled back at once."""
+    target, _ = pair64
+    log = []
+    m = StaticCachedModel(target, "target", log, block=5, slots=SLOT_BUCKET, mode="eager")
+    m.feed([[0, 3, 5, 1, 2, 4, 6]], 1)  # 7 > block: the eager prefill
+    assert m.fed == [7] and m.slots == 7
+    short = m.feed([[2, 3]], 2)  # padded to 5
+    assert m.fed == [9] and m.slots == 9 and short.shape == (1, 2, 8)
+    with torch.no_grad():  # the logits of the real tokens, as a plain forward of the whole sequence gives them
+        full = target(torch.tensor([[0, 3, 5, 1, 2, 4, 6, 2, 3]])).logits[:, -2:]
+    torch.testing.assert_close(short, full)
+    m.keep([8])
+    assert m.fed == [8] and m.slots == 8
+    one = m.feed([[3]], 1)
+    torch.testing.assert_close(one, full[:, -1:])
+    assert log == [(7, 0), (2, 7), (1, 8)]
+
+
+def test_speculative_matches_exact_target_on_the_static_path(pair64):
+    target, draft = pair64
+    prompt, cfg, n = torch.tensor([[1, 4]]), SamplingConfig(1.0), 3
+    g = torch.Generator().manual_seed(11)
+    samples = [speculative_generate(target, draft, prompt, gamma=2, max_new_tokens=n, generator=g,
+                                    compile="eager").sequences[0, 2:].tolist() for _ in range(1500)]
+    exact = exact_joint_distribution(target, prompt, n, cfg).ravel().numpy()
+    result = chisquare_gof(counts_of(samples, 8), exact)
+    assert not result.rejects(1e-3), result
+
+
+def test_prompt_lookup_draft_stays_eager_beside_a_static_target(pair64):
+    target, _ = pair64
+    x = PROMPTS[2]
+    ref = autoregressive_generate(target, x, max_new_tokens=30, temperature=0)
+    got = speculative_generate(target, PromptLookupDraft(8), x, gamma=4, max_new_tokens=30, temperature=0,
+                               compile="eager")
+    assert torch.equal(got.sequences, ref.sequences)
+
+
+def test_compile_errors_say_what_to_do(pair64):
+    target, draft = pair64
+    batch = torch.tensor([[0, 3, 5], [1, 2, 3]])
+    with pytest.raises(ValueError, match="one sequence at a time"):
+        speculative_generate(target, draft, batch, gamma=2, max_new_tokens=4, compile=True)
+    with pytest.raises(ValueError, match="unknown compile mode"):
+        autoregressive_generate(target, PROMPTS[0], max_new_tokens=4, compile="fastest")
+    with pytest.raises(ValueError, match="compile must be"):
+        autoregressive_generate(target, PROMPTS[0], max_new_tokens=4, compile=3)
+    with pytest.raises(ValueError, match="slots"):
+        speculative_generate(target, draft, PROMPTS[0], gamma=2, max_new_tokens=20,
+                             compile=CompileConfig(mode="eager", slots=8))
+    assert compiled.slots_needed(200, 64, 5) == SLOT_BUCKET * 2
+
+
+def test_a_failed_compilation_warns_and_decodes_eagerly(pair64, monkeypatch):
+    target, draft = pair64
+
+    def broken(*args):
+        raise RuntimeError("no C compiler")
+
+    monkeypatch.setattr(compiled, "compiled_forward", lambda mode: broken)
+    ref = speculative_generate(target, draft, PROMPTS[0], gamma=3, max_new_tokens=20, temperature=0)
+    with pytest.warns(RuntimeWarning, match="no C compiler"):
+        got = speculative_generate(target, draft, PROMPTS[0], gamma=3, max_new_tokens=20, temperature=0,
+                                   compile=True)
+    assert torch.equal(got.sequences, ref.sequences)
+
+
+@pytest.mark.compiles
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a fallback to eager would pass unseen otherwise
+def test_inductor_compiled_path_gives_the_eager_paths_tokens_and_compiles_once():
+    """Float32 tiny models through inductor: greedy and sampled tokens as the eager path's; a second call with
+    another prompt of the same slot bucket compiles nothing new."""
+    target, draft = tiny_pair(64, seed=2, dtype=torch.float32)
+    kw = dict(gamma=3, max_new_tokens=24, compile="default")
+    for temperature in (0.0, 1.0):
+        ref = speculative_generate(target, draft, PROMPTS[0], gamma=3, max_new_tokens=24, temperature=temperature,
+                                   generator=torch.Generator().manual_seed(1))
+        got = speculative_generate(target, draft, PROMPTS[0], temperature=temperature,
+                                   generator=torch.Generator().manual_seed(1), **kw)
+        assert torch.equal(got.sequences, ref.sequences)
+    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    again = speculative_generate(target, draft, PROMPTS[2], temperature=0, **kw)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames
+    ref = autoregressive_generate(target, PROMPTS[2], max_new_tokens=24, temperature=0)
+    assert torch.equal(again.sequences, ref.sequences)
