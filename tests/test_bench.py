@@ -179,7 +179,8 @@ def test_compiled_configuration_runs_ours_and_transformers_compiled_paths():
     prompts = [torch.tensor([[1, 2, 3]]), torch.tensor([[4, 5, 6, 7, 8]])]
     runs = bench.run_bench(target, draft, prompts, gamma=2, max_new_tokens=10, methods=methods,
                            kernels=("stock", bench.COMPILED), compile_mode="default")
-    assert len(runs) == 2 * 2 * len(methods)
+    assert len(runs) == 2 * (len(methods) + len(bench.COMPILED_METHODS))  # no assisted generation compiled
+    assert {r.method for r in runs if r.kernel == bench.COMPILED} == set(bench.COMPILED_METHODS)
     for p in range(2):
         assert len({tuple(r.output) for r in runs if r.prompt == p}) == 1
     assert all((r.forward_times is None) == (r.kernel == bench.COMPILED) for r in runs)

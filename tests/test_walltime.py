@@ -1,8 +1,10 @@
 """The walltime model fed with measured costs: in-run costs from GenerationStats times, and the prediction."""
 
 import pytest
+import torch
 
 from specrepro import bench, theory, walltime
+from specrepro.tiny import tiny_pair
 
 
 def _run(method, prompt, seconds, ttft, tokens, stats=None):
@@ -118,3 +120,10 @@ def test_decode_ms_per_token_leaves_out_the_prefill():
     assert ms["target"] < 400 / 8 / 2  # with the prefill counted it would be >= 50 ms per token
     with pytest.raises(ValueError, match="n must be >= 2"):
         walltime.decode_ms_per_token({"draft": draft}, torch.tensor([[1, 2]]), n=1)
+
+
+@pytest.mark.parametrize("padded", [True, False])
+def test_verify_ms_times_the_static_cache_forwards(padded):
+    target, _ = tiny_pair(16, dtype=torch.float32)
+    ms = walltime.verify_ms(target, 12, 3, compile="eager", padded=padded, repeats=2)
+    assert len(ms) == 4 and all(t > 0 for t in ms)

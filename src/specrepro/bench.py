@@ -33,6 +33,7 @@ HF_AUTOREGRESSIVE = "hf_autoregressive"  # transformers' plain generate(), a bas
 AUTOREGRESSIVE = ("autoregressive", HF_AUTOREGRESSIVE)  # the speedup baseline is the fastest of these that ran
 COMPILED = "compiled"  # the configuration that runs the compiled static-cache paths (ours and transformers')
 CONFIGS = (*KERNELS, COMPILED)
+COMPILED_METHODS = ("autoregressive", "speculative", HF_AUTOREGRESSIVE)  # the methods COMPILED runs (see run_bench)
 
 
 def hf_generate(target, input_ids, *, max_new_tokens: int, temperature: float = 0.0, top_k=None, top_p=None,
@@ -84,7 +85,9 @@ def hf_generate(target, input_ids, *, max_new_tokens: int, temperature: float = 
         with torch.no_grad(), torch.random.fork_rng(devices=devices):
             if seed is not None:
                 torch.manual_seed(seed)
-            out = target.generate(input_ids.to(target.device), **kw)
+            # an explicit mask: generate() would otherwise mask every prompt token equal to pad_token_id
+            out = target.generate(input_ids.to(target.device), attention_mask=torch.ones_like(input_ids).to(
+                target.device), **kw)
     finally:
         if assistant is not None:
             assistant.generation_config = saved
@@ -96,14 +99,15 @@ def _hf_compiled(target, config: CompileConfig, need: int) -> dict:
     from transformers import StaticCache
     from transformers.generation import CompileConfig as HFCompileConfig
 
-    if MODES[config.mode] is None:
-        raise ValueError("transformers' compiled generation needs a compiling mode, not 'eager'")
     slots = config.slots or need
     if slots < need:
         raise ValueError(f"a static cache of {slots} slots is too small for {need}: raise CompileConfig.slots")
+    cache = StaticCache(config=target.config, max_cache_len=slots)
+    if MODES[config.mode] is None:  # "eager": the static cache, uncompiled
+        return dict(cache=cache, disable_compile=True)
     cc = HFCompileConfig(fullgraph=True, dynamic=False, mode=None, options=MODES[config.mode])
     cc._compile_all_devices = True  # else transformers compiles on CUDA/XPU only (its _valid_auto_compile_criteria)
-    return dict(cache=StaticCache(config=target.config, max_cache_len=slots), compile_config=cc)
+    return dict(cache=cache, compile_config=cc)
 
 
 def hf_supports(draft) -> bool:
@@ -176,9 +180,12 @@ def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new
     `kernels`: configurations from `CONFIGS`; each prompt is then run with every one in turn, so that each method
     can be compared at its fastest configuration, side by side (`fastest`). A `kernels.KERNELS` name switches the
     linear layers of the target and of a model draft; `COMPILED` runs the stock layers through the compiled
-    static-cache paths in `compile_mode`: ours (`compile=`) and transformers' own (`hf_generate(compile=)`), all on
-    one static cache size that fits every prompt, so that each graph compiles once (in the warm-up, or in the
-    first round when `warmup` is off). The models are left with the last kernel."""
+    static-cache paths in `compile_mode`: ours (`compile=`) and transformers' plain generate() (`hf_generate(
+    compile=)`), all on one static cache size that fits every prompt, so that each graph compiles once (in the
+    warm-up, or in the first round when `warmup` is off). transformers' assisted generation is left out of it: its
+    verification width changes from iteration to iteration and each width is a new graph under dynamic=False, so
+    its runs would time compilations; it runs in the other configurations. The models are left with the last
+    kernel."""
     sample = dict(temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos_token_id)
     slots = slots_needed(max(p.shape[1] for p in prompts), max_new_tokens, max(gamma, 10) + 1)
     compile_cfg = CompileConfig(compile_mode, slots)
@@ -205,6 +212,8 @@ def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new
         raise ValueError(f"unknown configuration(s) {sorted(unknown)}; choose from {CONFIGS}")
     if warmup:
         for config, m in itertools.product(kernels or ("",), methods):
+            if config == COMPILED and m not in COMPILED_METHODS:
+                continue
             configure(config)
             call(m, prompts[0], 4, torch.Generator().manual_seed(seed), config)
     runs = []
@@ -212,6 +221,8 @@ def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new
         for (i, ids), kernel in itertools.product(enumerate(prompts), kernels or ("",)):
             configure(kernel)
             for m in methods:
+                if kernel == COMPILED and m not in COMPILED_METHODS:
+                    continue
                 # defaults bind this iteration's m, ids, i, kernel; the generator is still built inside the timed call
                 ttft, _ = timed(lambda m=m, ids=ids, i=i, k=kernel: call(m, ids, 1,
                                                                          torch.Generator().manual_seed(seed + i), k),

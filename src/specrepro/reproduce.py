@@ -44,6 +44,8 @@ QUICK: dict[str, dict[str, Any]] = {
     "04-numerics": dict(n_prompts=4, n_tokens=16, probe_prompts=1, n_samples=1000, power_reps=100,
                         greedy_prompts=8, greedy_tokens=24),
     "05-batch": dict(n_prompts=8, max_new_tokens=24, batch_sizes=[1, 2, 8], control_batch_sizes=[2, 8]),
+    "07-regime": dict(n_prompts=3, repeats=1, max_new_tokens=24, configs=["stock", "compiled"], compile_mode="default",
+                      widths=[1, 4]),
 }
 
 

@@ -126,25 +126,28 @@ def predicted_speedup_in_steps(alpha: float, gamma: int, *, ar_ms_per_token: flo
                              forward_ms_verify=[ar_ms_per_token * r for r in verify_steps], lengths=lengths)
 
 
-def verify_ms(target, context: int, gamma: int, device=None, *, compile=False, repeats: int = 5) -> list[float]:
+def verify_ms(target, context: int, gamma: int, device=None, *, compile=False, padded: bool = True,
+              repeats: int = 5) -> list[float]:
     """Milliseconds of one target forward of g+1 tokens after `context` cached ones, for g = 0..gamma.
 
     compile: time the compiled static-cache forwards instead (`specrepro.compiled`, as `compile=` of the loops
-    takes it), each the median of `repeats` after a warm-up that compiles; every block of 2..gamma+1 tokens runs
-    padded to gamma + 1 there, as in the loops."""
+    takes it), each the median of `repeats` after a warm-up that compiles. `padded`: as in the loops, every block of
+    2..gamma+1 tokens runs padded to gamma + 1 (one graph); False compiles a graph per width (the cost profile)."""
     config = as_config(compile)
     if config is None:
         return [1e3 * forward_seconds(target, context, g + 1, device=device) for g in range(gamma + 1)]
     slots = config.slots or slots_needed(context, 0, gamma + 1)
-    m = StaticCachedModel(target, "target", [], block=gamma + 1, slots=slots, mode=config.mode)
     tokens = torch.randint(target.config.vocab_size, (context + gamma + 1,), generator=torch.Generator().manual_seed(0))
-    m.feed([tokens[:context].tolist()], 1)
     out = []
     for g in range(gamma + 1):
+        if g == 0 or not padded:  # a fresh cache per graph width: the prompt's prefill runs eagerly
+            m = StaticCachedModel(target, "target", [], block=gamma + 1 if padded else max(g + 1, 2), slots=slots,
+                                  mode=config.mode)
+            m.feed([tokens[:context].tolist()], 1)
         new = tokens[context:context + g + 1].tolist()
         times = []
         for _ in range(repeats + 1):  # the first compiles (once per width) and warms up
-            times.append(timed(lambda new=new, g=g: m.feed([new], g + 1), device)[0])
+            times.append(timed(lambda m=m, new=new, g=g: m.feed([new], g + 1), device)[0])
             m.keep([context])
         out.append(1e3 * statistics.median(times[1:]))
     return out
