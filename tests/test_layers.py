@@ -26,7 +26,7 @@ LAYERS = {
     "theory": 3, "flops": 3, "timing": 3, "bench": 3, "walltime": 3, "numerics": 3, "distribution": 3,
     "acceptance": 3, "equivalence": 3, "batching": 3, "intervals": 3, "quality": 3,
     # 4 the reproducibility plumbing
-    "report": 4, "pipeline": 4, "reproduce": 4,
+    "report": 4, "pipeline": 4, "reproduce": 4, "summary": 4,
 }
 # inside layer 0 the order is stricter: paths is the root everyone may import
 INPUTS_MAY_IMPORT = {"paths": set(), "sandbox": {"paths"}, "data": {"paths", "sandbox"}}

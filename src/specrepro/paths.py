@@ -21,6 +21,7 @@ PACKAGE = Path(__file__).resolve().parent  # src/specrepro: the library's source
 DATA = ROOT / "data"
 MODELS = DATA / "models"  # shipped drafts, one folder each with its manifest.json (tracked)
 PROMPTS = DATA / "prompts"  # the prompt sets and their checksums (tracked)
+PAPERS = DATA / "papers"  # what the papers report, with where (tracked): the summary sets ours beside it
 CACHE = DATA / "cache"  # rebuilt on demand, git-ignored: the converted target, distillation labels, continuations
 NOTEBOOKS = ROOT / "notebooks"
 OUTPUTS = ROOT / "outputs"  # one folder per notebook run; outputs/.staging and .failed hold runs in progress/failed

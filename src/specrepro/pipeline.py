@@ -33,13 +33,20 @@ from .report import environment, write_json
 RUN_RECORD = "run.json"
 
 
+SUMMARY = "99-summary"  # the notebook that reads the others' outputs
+
+
 def input_files(notebook: Path) -> list[Path]:
     """Every file a notebook's results depend on besides its parameters: the notebook, the library's sources, the
-    shipped drafts and prompt sets, and the install pins (pyproject.toml, constraints.txt, and the Makefile, which
-    pins torch and the packages holding the target and the data)."""
-    shipped = [p for folder in (paths.MODELS, paths.PROMPTS) for p in sorted(folder.rglob("*")) if p.is_file()]
+    shipped drafts, prompt sets and papers' values, and the install pins (pyproject.toml, constraints.txt, and the
+    Makefile, which pins torch and the packages holding the target and the data). The summary also depends on the
+    other notebooks' published results (their metrics.json and tables)."""
+    folders = (paths.MODELS, paths.PROMPTS, paths.PAPERS)
+    shipped = [p for folder in folders if folder.exists() for p in sorted(folder.rglob("*")) if p.is_file()]
     pins = [p for p in (paths.ROOT / n for n in ("pyproject.toml", "constraints.txt", "Makefile")) if p.exists()]
-    return [Path(notebook).resolve(), *sorted(paths.PACKAGE.glob("*.py")), *shipped, *pins]
+    results = [p for p in sorted(paths.OUTPUTS.glob("[0-9][0-9]-*/*")) if Path(notebook).stem == SUMMARY
+               and p.parent.name != SUMMARY and (p.name == "metrics.json" or p.suffix == ".csv")]
+    return [Path(notebook).resolve(), *sorted(paths.PACKAGE.glob("*.py")), *shipped, *pins, *results]
 
 
 def inputs_key(notebook: Path, parameters: dict[str, Any]) -> str:

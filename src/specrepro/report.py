@@ -107,9 +107,9 @@ class Report:
         write_json(self.dir / "environment.json", self.env)
         self._metrics: dict[str, Any] = {}
 
-    def figure(self, fig, name: str) -> Path:
-        """Save a matplotlib figure as PNG (and SVG for print)."""
-        for ext in ("png", "svg"):
+    def figure(self, fig, name: str, formats: tuple[str, ...] = ("png", "svg")) -> Path:
+        """Save a matplotlib figure as PNG (and SVG, or PDF, for print)."""
+        for ext in formats:
             with paths.writing_file(self.dir / f"{name}.{ext}") as tmp:
                 fig.savefig(tmp, dpi=130, bbox_inches="tight", format=ext)
         return self.dir / f"{name}.png"
@@ -119,6 +119,13 @@ class Report:
         path = self.dir / f"{name}.csv"
         with paths.writing_file(path) as tmp:
             df.to_csv(tmp, index=False)
+        return path
+
+    def latex(self, df, name: str, **kw) -> Path:
+        """Save a pandas DataFrame as a LaTeX tabular (booktabs rules), ready to paste into a write-up."""
+        path = self.dir / f"{name}.tex"
+        with paths.writing_file(path) as tmp:
+            tmp.write_text(df.to_latex(index=False, escape=True, **kw))
         return path
 
     def metrics(self, **values: Any) -> dict[str, Any]:

@@ -45,7 +45,8 @@ QUICK: dict[str, dict[str, Any]] = {
                         greedy_prompts=8, greedy_tokens=24),
     "05-batch": dict(n_prompts=8, max_new_tokens=24, batch_sizes=[1, 2, 8], control_batch_sizes=[2, 8]),
     "07-regime": dict(n_prompts=3, repeats=1, max_new_tokens=24, configs=["stock", "compiled"], compile_mode="default",
-                      widths=[1, 4]),
+                      widths=[1, 4], sweep_gammas=[3], sweep_prompts=2),
+    "99-summary": dict(results_dir=str(paths.QUICK_OUTPUTS)),  # the quick runs' folders, not the published ones
 }
 
 
