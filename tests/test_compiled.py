@@ -102,6 +102,18 @@ def test_a_failed_compilation_warns_and_decodes_eagerly(pair64, monkeypatch):
     assert torch.equal(got.sequences, ref.sequences)
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a fallback to eager would fail the test
+def test_more_graphs_than_torchs_default_limit_stay_compiled(pair64):
+    """Each gamma is another verification width: 10 gammas make 21 graphs of one compiled function, past torch's
+    default limit of 8 per function, after which fullgraph compilation fails (07's first run fell back to eager)."""
+    target, draft = pair64
+    ref = autoregressive_generate(target, PROMPTS[0], max_new_tokens=14, temperature=0)
+    for gamma in range(1, 11):
+        got = speculative_generate(target, draft, PROMPTS[0], gamma=gamma, max_new_tokens=14, temperature=0,
+                                   compile="dynamo")
+        assert torch.equal(got.sequences, ref.sequences)
+
+
 @pytest.mark.compiles
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # a fallback to eager would pass unseen otherwise
 def test_inductor_compiled_path_gives_the_eager_paths_tokens_and_compiles_once():

@@ -105,7 +105,7 @@ def _hf_compiled(target, config: CompileConfig, need: int) -> dict:
     cache = StaticCache(config=target.config, max_cache_len=slots)
     if MODES[config.mode] is None:  # "eager": the static cache, uncompiled
         return dict(cache=cache, disable_compile=True)
-    cc = HFCompileConfig(fullgraph=True, dynamic=False, mode=None, options=MODES[config.mode])
+    cc = HFCompileConfig(fullgraph=True, dynamic=False, mode=None, **MODES[config.mode])
     cc._compile_all_devices = True  # else transformers compiles on CUDA/XPU only (its _valid_auto_compile_criteria)
     return dict(cache=cache, compile_config=cc)
 

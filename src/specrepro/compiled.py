@@ -13,9 +13,10 @@ memory-bound only once the per-step overhead is gone, and most of that overhead 
 - rolling back moves the fill level (`StaticCache.crop`), nothing is copied; the padding of a short block is rolled
   back the same way right after its forward, so the cache never holds a token of it.
 
-On the CPU the mode that reaches the memory floor is inductor's max-autotune with freezing (the weights become
-constants, which lets inductor use its own few-row GEMM instead of MKL's; measured in ../shared/NOTES.md and 02):
-it compiles for 2-3 minutes per shape on 2 cores. `mode="default"` compiles in about a minute and `mode="eager"`
+On the CPU the fastest mode we found is inductor's max-autotune with freezing (the weights become constants, which
+lets inductor use its own few-row GEMM instead of MKL's; 07-regime measures how close it comes to the memory floor):
+compiling one graph takes from under a minute to about three minutes on 2 cores (inductor keeps its autotuning
+results on disk, so a later process compiles faster). `mode="default"` compiles in about a minute and `mode="eager"`
 runs the same static-cache bookkeeping uncompiled (tests, debugging, and the fallback where compilation fails).
 On a GPU, `mode="reduce-overhead"` adds CUDA graphs.
 
@@ -38,16 +39,21 @@ from .kvcache import CachedModel, cache_kwarg, model_forward
 from .sampling import check_logits
 
 SLOT_BUCKET = 256  # static caches hold a multiple of this many slots
-# inductor options per mode: torch's presets (`torch._inductor.list_mode_options`) plus freezing, which folds the
-# weights in as constants (needed on the CPU for inductor's own GEMM template, harmless elsewhere). `options=` and
-# `mode=` cannot both be given to torch.compile, hence the spelled-out presets.
+# torch.compile arguments per mode: inductor's presets (`torch._inductor.list_mode_options`) spelled out as options,
+# plus freezing, which folds the weights in as constants (needed on the CPU for inductor's own GEMM template,
+# harmless elsewhere; `options=` and `mode=` cannot both be given). "dynamo" traces and caches graphs like the others
+# but runs them uncompiled (a fast check of the caching, for tests); "eager" does not trace at all.
 MODES = {
-    "max-autotune": {"max_autotune": True, "coordinate_descent_tuning": True, "freezing": True},
-    "default": {"freezing": True},
-    "reduce-overhead": {"triton.cudagraphs": True, "freezing": True},
+    "max-autotune": {"options": {"max_autotune": True, "coordinate_descent_tuning": True, "freezing": True}},
+    "default": {"options": {"freezing": True}},
+    "reduce-overhead": {"options": {"triton.cudagraphs": True, "freezing": True}},
+    "dynamo": {"backend": "eager"},
     "eager": None,  # the static cache without compilation
 }
-
+# Every graph of the process (each model x width x cache size) is an entry of `_forward`'s one compiled-code cache;
+# torch's default limit of 8 entries per function would silently end compilation after the eighth (a cost profile
+# of 9 widths reaches it), so the calls raise the limit to this, for the duration of each call only.
+RECOMPILE_LIMIT = 256
 
 @dataclass(frozen=True)
 class CompileConfig:
@@ -94,10 +100,9 @@ def _forward(model, ids: torch.Tensor, cache, n_logits: int, keyword: str) -> to
 def compiled_forward(mode: str):
     """`_forward` compiled in `mode` (or itself for "eager"). torch keeps one cache of compiled graphs per function,
     keyed by guards on the model and shapes, so rebuilding this wrapper does not recompile."""
-    options = MODES[mode]
-    if options is None:
+    if MODES[mode] is None:
         return _forward
-    return torch.compile(_forward, fullgraph=True, dynamic=False, options=options)
+    return torch.compile(_forward, fullgraph=True, dynamic=False, **MODES[mode])
 
 
 def compiles(model) -> bool:
@@ -155,7 +160,8 @@ class StaticCachedModel(CachedModel):
     def _compiled(self, ids: torch.Tensor, width: int) -> torch.Tensor:
         try:
             # clone: a compiled graph (CUDA graphs) may reuse its output buffer at the next call
-            return self.step(self.model, ids, self.cache, width, self.keyword).clone()
+            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                return self.step(self.model, ids, self.cache, width, self.keyword).clone()
         except Exception as err:  # compilation unavailable (no compiler, an unsupported op): say so, run eagerly
             if self.step is _forward:
                 raise
