@@ -82,9 +82,12 @@ def _regime(r02, r07):
     ours += (f"; {x['eager']:.2f}x the floor eager, {x['compiled']:.2f}x compiled; a 4-token verification costs "
              f"{steps.get('compiled_4', float('nan')):.2f} compiled steps, {steps.get('eager_4', float('nan')):.2f} "
              "eager (07)")
-    near = x["compiled"] <= 2
-    return ours, (f"{'reached' if near else 'not reached'} on this CPU: the compiled step runs at "
-                  f"{x['compiled']:.2f}x the bandwidth floor"), "02-arithmetic-ops, 07-regime"
+    verify = steps.get("compiled_4", float("nan"))
+    near, free = x["compiled"] <= 2, verify <= 1.2
+    return ours, (f"{'partly' if near != free else 'yes' if near else 'no'}: the compiled decode step is "
+                  f"{'within' if near else 'beyond'} 2x of the memory floor ({x['compiled']:.2f}x), and a 4-token "
+                  f"verification {'costs about one step' if free else 'is not free'} ({verify:.2f} steps)"), \
+        "02-arithmetic-ops, 07-regime"
 
 
 def _table1(r03, r07):
@@ -94,14 +97,16 @@ def _table1(r03, r07):
              for row in spec.itertuples()]
     ours = "03 (eager, 12 prompts): " + "; ".join(parts)
     greedy = spec[spec.decoding == "greedy"]
+    lows = list(greedy.speedup_lo)
     if r07 is not None:
         m = r07["metrics"]
         ours += f"; 07 (code greedy, fastest configuration, {m['n_prompts']} other prompts): " + _ci(
             m["speedup"], m["speedup_lo"], m["speedup_hi"])
-    faster = bool((greedy.speedup_lo > 1).all())
-    return ours, ("in direction for greedy decoding (every interval above 1x), not in size: a 135M target on a "
-                  "2-core CPU is not a 70B model on accelerators" if faster else
-                  "does not reproduce: not every greedy interval lies above 1x"), "03-latency, 07-regime"
+        lows.append(m["speedup_lo"])
+    above = sum(lo > 1 for lo in lows)
+    return ours, (f"in direction only, not in size: {above} of {len(lows)} greedy intervals lie above 1x, none "
+                  "reaches the papers' 1.9-2.5x (a 135M target on a 2-core CPU, not a 70B model on accelerators); "
+                  "sampled decoding is not reliably faster"), "03-latency, 07-regime"
 
 
 def _quality(r03):
