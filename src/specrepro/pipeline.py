@@ -29,11 +29,11 @@ import yaml
 
 from . import paths
 from .report import environment, write_json
+from .summary import SUMMARY
 
 RUN_RECORD = "run.json"
 
 
-SUMMARY = "99-summary"  # the notebook that reads the others' outputs
 
 
 def input_files(notebook: Path) -> list[Path]:

@@ -21,12 +21,15 @@ def claims() -> dict:
     return json.loads((paths.PAPERS / "claims.json").read_text())
 
 
+SUMMARY = "99-summary"  # the summary's own folder, never one of its inputs
+
+
 def results(outputs: str | Path = paths.OUTPUTS) -> dict[str, dict]:
     """{notebook folder: {"metrics": its metrics.json, "<table>": its <table>.csv as a DataFrame, ...}} for every
-    numbered output folder under `outputs` that has a metrics.json."""
+    numbered output folder under `outputs` that has a metrics.json, the summary's own left out."""
     out = {}
     for folder in sorted(Path(outputs).glob("[0-9][0-9]-*")):
-        if (folder / "metrics.json").exists():
+        if (folder / "metrics.json").exists() and folder.name != SUMMARY:
             out[folder.name] = {"metrics": json.loads((folder / "metrics.json").read_text())} | {
                 csv.stem: pd.read_csv(csv) for csv in sorted(folder.glob("*.csv"))}
     return out
