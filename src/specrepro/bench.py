@@ -36,6 +36,16 @@ CONFIGS = (*KERNELS, COMPILED)
 COMPILED_METHODS = ("autoregressive", "speculative", HF_AUTOREGRESSIVE)  # the methods COMPILED runs (see run_bench)
 
 
+def linear_kernel(config: str) -> str:
+    """The `kernels.KERNELS` entry a configuration runs the linear layers with: COMPILED compiles the stock ones."""
+    return "stock" if config == COMPILED else config
+
+
+def runs_in(config: str, method: str) -> bool:
+    """Whether `run_bench` runs `method` in `config` (COMPILED runs `COMPILED_METHODS` only)."""
+    return config != COMPILED or method in COMPILED_METHODS
+
+
 def hf_generate(target, input_ids, *, max_new_tokens: int, temperature: float = 0.0, top_k=None, top_p=None,
                 eos_token_id=None, assistant=None, gamma: int | None = None, generator=None,
                 compile: CompileConfig | None = None):
@@ -204,15 +214,15 @@ def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new
 
     def configure(config):
         if config:
-            use_kernel(target, "stock" if config == COMPILED else config)
-            use_kernel(draft, "stock" if config == COMPILED else config)
+            use_kernel(target, linear_kernel(config))
+            use_kernel(draft, linear_kernel(config))
 
     unknown = set(kernels) - set(CONFIGS)
     if unknown:
         raise ValueError(f"unknown configuration(s) {sorted(unknown)}; choose from {CONFIGS}")
     if warmup:
         for config, m in itertools.product(kernels or ("",), methods):
-            if config == COMPILED and m not in COMPILED_METHODS:
+            if not runs_in(config, m):
                 continue
             configure(config)
             call(m, prompts[0], 4, torch.Generator().manual_seed(seed), config)
@@ -221,7 +231,7 @@ def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new
         for (i, ids), kernel in itertools.product(enumerate(prompts), kernels or ("",)):
             configure(kernel)
             for m in methods:
-                if kernel == COMPILED and m not in COMPILED_METHODS:
+                if not runs_in(kernel, m):
                     continue
                 # defaults bind this iteration's m, ids, i, kernel; the generator is still built inside the timed call
                 ttft, _ = timed(lambda m=m, ids=ids, i=i, k=kernel: call(m, ids, 1,
@@ -397,8 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = fastest(runs)
     summary = summarize(runs)
     spec_kernel = next(r.kernel for r in runs if r.method == "speculative")
-    use_kernel(target, "stock" if spec_kernel == COMPILED else spec_kernel)  # the costs timed apart, below, with
-    use_kernel(draft, "stock" if spec_kernel == COMPILED else spec_kernel)  # the speculative runs' configuration
+    use_kernel(target, linear_kernel(spec_kernel))  # the costs timed apart, below, with the speculative runs'
+    use_kernel(draft, linear_kernel(spec_kernel))  # configuration
     compile_apart = CompileConfig(args.compile) if spec_kernel == COMPILED else False
     alpha = pooled_alpha(r.stats for r in runs if r.method == "speculative")
     ctx = int(statistics.mean(p.shape[1] for p in prompts)) + args.max_new_tokens // 2
@@ -429,13 +439,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def floor_ms(model, context: int, device=None) -> float:
-    """The memory-bandwidth floor of one decode step at `context` cached tokens, in ms: the bytes a forward of one
-    token must read (`flops.forward_bytes`: every weight once, the KV cache, in the model's dtype) over the
-    bandwidth measured now (`timing.memory_bandwidth`)."""
-    bytes_ = flops.forward_bytes(flops.flops_config(model), 1, context,
+def floor_ms(model, context: int, device=None, *, tokens: int = 1, bandwidth: float | None = None) -> float:
+    """The memory-bandwidth floor of one forward of `tokens` tokens (1: a decode step) at `context` cached tokens,
+    in ms: the bytes it must read (`flops.forward_bytes`: every weight once, the KV cache, in the model's dtype)
+    over `bandwidth` in bytes/s (None: measured now, `timing.memory_bandwidth`)."""
+    bytes_ = flops.forward_bytes(flops.flops_config(model), tokens, context,
                                  bytes_per_param=next(model.parameters()).element_size())
-    return 1e3 * sum(bytes_.values()) / memory_bandwidth(device or "cpu")
+    return 1e3 * sum(bytes_.values()) / (bandwidth or memory_bandwidth(device or "cpu"))
 
 
 def _print_summary(summary: dict) -> None:

@@ -55,6 +55,7 @@ MODES = {
 # of 9 widths reaches it), so the calls raise the limit to this, for the duration of each call only.
 RECOMPILE_LIMIT = 256
 
+
 @dataclass(frozen=True)
 class CompileConfig:
     """How `compile=` decodes: `mode` one of `MODES`; `slots` the static cache's size (None: the prompt, the new
@@ -121,10 +122,8 @@ class StaticCachedModel(CachedModel):
                              "one, or use compile=False (the batched path)")
         from transformers import StaticCache
 
-        self.model, self.who, self.log = model, who, log_
-        self.device = next(model.parameters()).device
+        super().__init__(model, who, log_, rows)
         self.cache = StaticCache(config=model.config, max_cache_len=slots)
-        self.fed, self.mask = [0], None
         self.block, self.capacity, self.mode = block, slots, mode
         self.step, self.keyword = compiled_forward(mode), cache_kwarg(model)
 
@@ -147,7 +146,7 @@ class StaticCachedModel(CachedModel):
         self.log.append((w, self.slots))
         width = 1 if w == 1 else self.block if w <= self.block else w
         ids = torch.tensor([tokens + [0] * (width - w)], device=self.device)  # (1, width): filler after the row
-        if width == w and w > self.block:  # the prefill
+        if w > self.block:  # the prefill
             logits = model_forward(self.model, ids, self.cache, logits_to_keep=n_logits).logits
         else:
             logits = self._compiled(ids, width)[:, w - n_logits:w]  # (1, n_logits, V): the real tokens' last ones

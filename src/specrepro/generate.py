@@ -434,8 +434,5 @@ def _cached_model(compile, input_ids: torch.Tensor, max_new_tokens: int, *, bloc
     config = as_config(compile)
     if config is None:
         return CachedModel
-    if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[0] != 1:
-        raise ValueError(f"compile=True decodes one sequence at a time, got a batch of {input_ids.shape[0]}: "
-                         "decode the rows one by one, or use compile=False (the batched path)")
     slots = config.slots or slots_needed(input_ids.shape[-1], max_new_tokens, block)
     return cached_model_factory(config, block=block, slots=slots)

@@ -34,8 +34,6 @@ from .summary import SUMMARY
 RUN_RECORD = "run.json"
 
 
-
-
 def input_files(notebook: Path) -> list[Path]:
     """Every file a notebook's results depend on besides its parameters: the notebook, the library's sources, the
     shipped drafts, prompt sets and papers' values, and the install pins (pyproject.toml, constraints.txt, and the
@@ -44,8 +42,8 @@ def input_files(notebook: Path) -> list[Path]:
     folders = (paths.MODELS, paths.PROMPTS, paths.PAPERS)
     shipped = [p for folder in folders if folder.exists() for p in sorted(folder.rglob("*")) if p.is_file()]
     pins = [p for p in (paths.ROOT / n for n in ("pyproject.toml", "constraints.txt", "Makefile")) if p.exists()]
-    results = [p for p in sorted(paths.OUTPUTS.glob("[0-9][0-9]-*/*")) if Path(notebook).stem == SUMMARY
-               and p.parent.name != SUMMARY and (p.name == "metrics.json" or p.suffix == ".csv")]
+    results = [p for p in sorted(paths.OUTPUTS.glob("[0-9][0-9]-*/*")) if p.parent.name != SUMMARY
+               and (p.name == "metrics.json" or p.suffix == ".csv")] if Path(notebook).stem == SUMMARY else []
     return [Path(notebook).resolve(), *sorted(paths.PACKAGE.glob("*.py")), *shipped, *pins, *results]
 
 
