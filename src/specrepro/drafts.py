@@ -103,7 +103,7 @@ def expand(cut_model, kept: torch.Tensor):
     return full.eval()
 
 
-def _write_manifest(path: Path, manifest: dict) -> None:
+def write_manifest(path: Path, manifest: dict) -> None:
     """The one format of a draft's manifest.json: sorted keys, two-space indent, a final newline."""
     path.write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
 
@@ -116,7 +116,7 @@ def save_small(folder: Path, cut_model, kept: torch.Tensor, manifest: dict) -> N
              if k != "lm_head.weight"}  # tied to the embedding
     with paths.writing_dir(folder) as tmp:
         save_file(state | {"kept_ids": kept.int()}, tmp / "weights.safetensors")
-        _write_manifest(tmp / "manifest.json", manifest | {"kind": "small", "config": cut_model.config.to_dict()})
+        write_manifest(tmp / "manifest.json", manifest | {"kind": "small", "config": cut_model.config.to_dict()})
 
 
 def needs_target(folder: Path) -> bool:
@@ -124,7 +124,7 @@ def needs_target(folder: Path) -> bool:
     manifest = read_manifest(folder)
     if manifest["kind"] == "lookup_hybrid":
         return needs_target(Path(folder).parent / manifest["config"]["model"])
-    return manifest["kind"] == "early_exit"
+    return manifest["kind"] in ("early_exit", "lens")
 
 
 def load_shipped(folder: Path, dtype: torch.dtype = torch.float32, target=None):
@@ -157,6 +157,8 @@ def load_shipped(folder: Path, dtype: torch.dtype = torch.float32, target=None):
         model = early_exit(target, manifest["layers"])
         model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
         return model.to(dtype).eval()
+    if kind == "lens":
+        raise ValueError(f"{folder} is a tuned-lens draft: load it with specrepro.models.load_draft or lens.load_lens")
     raise ValueError(f"{folder}/manifest.json has unknown kind {kind!r}")
 
 
@@ -204,7 +206,7 @@ def save_early_exit(folder: Path, model, layers: int, manifest: dict) -> None:
     with paths.writing_dir(folder) as tmp:
         save_file({k: state[k].detach().to(torch.bfloat16).contiguous() for k in early_exit_trainable(layers)},
                   tmp / "weights.safetensors")
-        _write_manifest(tmp / "manifest.json", manifest | {"kind": "early_exit", "layers": layers})
+        write_manifest(tmp / "manifest.json", manifest | {"kind": "early_exit", "layers": layers})
 
 
 # ---- the zero-cost draft: prompt lookup ------------------------------------------------------------------------
@@ -323,7 +325,7 @@ class _Out:
 def save_prompt_lookup(folder: Path, max_ngram: int, manifest: dict, min_ngram: int = 1) -> None:
     cfg = asdict(_LookupConfig(TARGET_VOCAB, max_ngram, min_ngram))
     with paths.writing_dir(folder) as tmp:
-        _write_manifest(tmp / "manifest.json", manifest | {"kind": "prompt_lookup", "config": cfg})
+        write_manifest(tmp / "manifest.json", manifest | {"kind": "prompt_lookup", "config": cfg})
 
 
 # ---- lookup first, a small draft otherwise --------------------------------------------------------------------
@@ -381,7 +383,7 @@ def save_lookup_hybrid(folder: Path, model_name: str, max_ngram: int, min_ngram:
     """A hybrid is a manifest naming its small draft (a sibling folder) and the lookup's n-gram range."""
     cfg = dict(model=model_name, max_ngram=max_ngram, min_ngram=min_ngram)
     with paths.writing_dir(folder) as tmp:
-        _write_manifest(tmp / "manifest.json", manifest | {"kind": "lookup_hybrid", "config": cfg})
+        write_manifest(tmp / "manifest.json", manifest | {"kind": "lookup_hybrid", "config": cfg})
 
 
 # ---- manifests ---------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from . import drafts, paths
+from . import drafts, lens, paths
 from .generate import check_same_vocab
 
 TARGET = "smollm2-135m-instruct"
@@ -131,12 +131,16 @@ def load_target(name: str = TARGET, *, dtype: torch.dtype = torch.float32, devic
     return model if device_map is not None else model.to(device)
 
 
-def load_draft(name: str, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+def load_draft(name: str, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", target=None):
     """A shipped draft (data/models/<name>/ with manifest.json) as a standard transformers causal LM with the
-    target's vocabulary size, or any Hugging Face id / local folder."""
+    target's vocabulary size, or any Hugging Face id / local folder. Drafts made of the target's layers (early-exit,
+    lens) copy them from `target` when given (the built-in target, float32), else load it."""
     folder = paths.MODELS / name
     if folder.is_dir():
-        target = load_target(dtype=torch.float32) if drafts.needs_target(folder) else None
+        if drafts.needs_target(folder) and target is None:
+            target = load_target(dtype=torch.float32)
+        if drafts.read_manifest(folder)["kind"] == "lens":
+            return lens.load_lens(folder, target, dtype=dtype).to(device)
         return drafts.load_shipped(folder, dtype=dtype, target=target).to(device).eval()
     if name == TARGET:
         return load_target(dtype=dtype, device=device)

@@ -1,0 +1,260 @@
+"""The draft sweep (Leviathan et al. 2022, arXiv 2211.17192, Sec. 4 and Table 2): drafts x gamma, predicted before
+measured.
+
+Two runs on disjoint prompts. The *calibration* run (`calibrate`) measures each draft's cost c (its decode time per
+token over the target's, interleaved), the target's verification cost (a forward of g+1 tokens in decode steps) and
+the draft's acceptance rate alpha at the largest gamma. From these alone `predict` gives every gamma's speedup
+(`walltime.predicted_speedup_in_steps`, Thm 3.8 with measured costs): an out-of-sample prediction. The *sweep*
+(`sweep`) then measures every (draft, gamma) on other prompts, interleaved per prompt with autoregressive decoding,
+and `table` sets the measured speedup (pooled, 95% bootstrap interval over prompts) beside the prediction.
+
+Eq. 1 assumes each draft token is accepted independently with probability alpha, so the accepted length of an
+iteration follows a geometric law capped at gamma (`capped_geometric`); `geometric_fit` tests it and
+`lag_correlation` measures how far consecutive iterations' acceptances are from independent (a copying draft
+accepts in runs).
+
+A drafted token costs a draft forward; a prompt-lookup draft proposes only as far as its match reaches, so for it
+the iterations' proposal lengths at gamma g are taken from the calibration run at the largest gamma, cut at g
+(the lookup stops at its first miss, so a proposal at g is the proposal at G cut at g, prefix for prefix).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from . import intervals, walltime
+from .generate import autoregressive_generate, pooled_alpha, speculative_generate
+from .timing import timed
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A draft's costs and acceptance measured apart from the sweep."""
+
+    draft: str
+    c: float  # draft decode ms per token / target decode ms per token, interleaved
+    draft_ms: float
+    target_ms: float
+    verify_steps: tuple[float, ...]  # a target forward of g+1 tokens in 1-token forwards, g = 0..G
+    alpha: float  # pooled over the calibration runs at gamma G
+    lengths: tuple[int, ...]  # the calibration iterations' proposal lengths at gamma G
+    gamma: int  # G
+
+
+def calibrate(target, drafts: dict, prompts: list[torch.Tensor], *, gamma: int, max_new_tokens: int,
+              temperature: float, cost_prompt: torch.Tensor, verify_steps: list[float], seed: int = 0,
+              eos_token_id=None, cost_tokens: int = 16) -> dict[str, Calibration]:
+    """Each draft's `Calibration`: c from `walltime.decode_ms_per_token` on `cost_prompt` (all models interleaved),
+    alpha and proposal lengths from speculative runs at `gamma` on `prompts` (the sweep must use other prompts).
+    `verify_steps` is the target's verification cost profile (`walltime.verify_ms`, in steps), measured once."""
+    if len(verify_steps) < gamma + 1:
+        raise ValueError(f"verify_steps covers forwards of 1..{len(verify_steps)} tokens; gamma {gamma} needs "
+                         f"{gamma + 1}")
+    ms = walltime.decode_ms_per_token({"target": target} | drafts, cost_prompt, n=cost_tokens)
+    out = {}
+    for name, draft in drafts.items():
+        stats = [speculative_generate(target, draft, ids, gamma=gamma, max_new_tokens=max_new_tokens,
+                                      temperature=temperature, eos_token_id=eos_token_id,
+                                      generator=torch.Generator().manual_seed(seed + i)).stats
+                 for i, ids in enumerate(prompts)]
+        out[name] = Calibration(name, ms[name] / ms["target"], ms[name], ms["target"], tuple(verify_steps),
+                                pooled_alpha(stats), tuple(g for s in stats for g in s.proposed), gamma)
+    return out
+
+
+def predict(cal: Calibration, gamma: int) -> float:
+    """The speedup at `gamma` predicted from the calibration alone (costs in target steps, so drift cancels)."""
+    if not 1 <= gamma <= cal.gamma:
+        raise ValueError(f"the calibration covers gamma 1..{cal.gamma}, got {gamma}")
+    lengths = [min(g, gamma) for g in cal.lengths]
+    return walltime.predicted_speedup_in_steps(cal.alpha, gamma, ar_ms_per_token=1.0, draft_ms_per_token=cal.c,
+                                               verify_steps=list(cal.verify_steps), lengths=lengths)
+
+
+@dataclass
+class SweepRun:
+    """One timed generation of the sweep. Decode time and tokens leave out the first iteration (the prefill and
+    the first token(s)), as every decode time of `specrepro.bench` does."""
+
+    draft: str  # "" for autoregressive decoding
+    gamma: int  # 0 for autoregressive decoding
+    prompt: int
+    seconds: float
+    decode_seconds: float
+    decode_tokens: int
+    draft_seconds: float
+    drafted: int  # draft tokens proposed
+    proposed: list[int]
+    accepted: list[int]
+    output: list[int]
+
+
+def _run(target, draft, ids, *, gamma: int, name: str, prompt: int, **kw) -> SweepRun:
+    if draft is None:
+        secs, out = timed(lambda: autoregressive_generate(target, ids, **kw))
+    else:
+        secs, out = timed(lambda: speculative_generate(target, draft, ids, gamma=gamma, **kw))
+    st = out.stats
+    first = st.accepted[0] + 1 if st.accepted else 1  # tokens of the first iteration
+    return SweepRun(name, gamma if draft is not None else 0, prompt, secs, sum(st.iteration_seconds[1:]),
+                    st.new_tokens - first, sum(st.draft_seconds), sum(st.proposed), list(st.proposed),
+                    list(st.accepted), out.sequences[0, ids.shape[1]:].tolist())
+
+
+def sweep(target, drafts: dict, prompts: list[torch.Tensor], gammas: list[int], *, max_new_tokens: int,
+          temperature: float, seed: int = 0, eos_token_id=None, log=None) -> list[SweepRun]:
+    """Every prompt: autoregressive decoding, then every draft at every gamma, timed back to back (drift hits
+    every cell of a prompt alike). Prompt i samples with seed + i in every cell."""
+    kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, eos_token_id=eos_token_id)
+    runs = []
+    for i, ids in enumerate(prompts):
+        runs.append(_run(target, None, ids, gamma=0, name="", prompt=i,
+                         generator=torch.Generator().manual_seed(seed + i), **kw))
+        for name, draft in drafts.items():
+            for g in gammas:
+                runs.append(_run(target, draft, ids, gamma=g, name=name, prompt=i,
+                                 generator=torch.Generator().manual_seed(seed + i), **kw))
+        if log:
+            log(f"prompt {i + 1}/{len(prompts)} done")
+    return runs
+
+
+def speedup(runs: list[SweepRun], draft: str, gamma: int, *, seed: int = 0) -> intervals.Interval:
+    """Pooled decode-time speedup of (draft, gamma) over autoregressive decoding on the same prompts, with a 95%
+    percentile bootstrap interval over prompts."""
+    ar = {r.prompt: r for r in runs if r.gamma == 0}
+    sd = {r.prompt: r for r in runs if (r.draft, r.gamma) == (draft, gamma)}
+    shared = sorted(set(ar) & set(sd))
+    if not shared:
+        raise ValueError(f"no prompt has both autoregressive runs and runs of {draft!r} at gamma {gamma}")
+    cols = [[ar[k].decode_seconds for k in shared], [ar[k].decode_tokens for k in shared],
+            [sd[k].decode_seconds for k in shared], [sd[k].decode_tokens for k in shared]]
+    return intervals.bootstrap(intervals.speedup, *cols, seed=seed)
+
+
+def alpha_interval(runs: list[SweepRun], *, seed: int = 0) -> intervals.Interval:
+    """Pooled alpha (accepted / tested, `GenerationStats.alpha`) with a bootstrap interval over prompts."""
+    acc = [sum(r.accepted) for r in runs]
+    tested = [sum(n + (n < g) for n, g in zip(r.accepted, r.proposed)) for r in runs]
+    if sum(tested) == 0:
+        raise ValueError("no draft token was tested")
+    return intervals.bootstrap(intervals.ratio_of_sums, acc, tested, seed=seed)
+
+
+def capped_geometric(alpha: float, gamma: int) -> np.ndarray:
+    """P(n accepted of gamma) under Eq. 1's model: alpha^n (1 - alpha) for n < gamma, alpha^gamma for n = gamma."""
+    n = np.arange(gamma + 1)
+    p = alpha ** n * (1 - alpha)
+    p[gamma] = alpha ** gamma
+    return p
+
+
+def geometric_fit(accepted: list[int], gamma: int, alpha: float | None = None) -> dict:
+    """Chi-squared goodness of fit of the accepted lengths of full iterations (gamma proposed) to the capped
+    geometric law at `alpha` (estimated from them when None: one degree of freedom less). Bins with an expected
+    count under 5 are merged into their neighbour. Returns counts, expected counts, chi2, dof and p-value."""
+    from scipy import stats
+
+    counts = np.bincount(np.asarray(accepted, dtype=int), minlength=gamma + 1)[:gamma + 1].astype(float)
+    n = counts.sum()
+    if n == 0:
+        raise ValueError("no iteration to fit")
+    fitted = alpha is None
+    if fitted:
+        tested = sum(a + (a < gamma) for a in accepted)
+        alpha = sum(accepted) / tested if tested else 0.0
+    expected = n * capped_geometric(alpha, gamma)
+    obs, exp = [], []
+    for o, e in zip(counts, expected):  # merge small bins forward
+        if obs and exp[-1] < 5:
+            obs[-1] += o
+            exp[-1] += e
+        else:
+            obs.append(o)
+            exp.append(e)
+    if len(exp) > 1 and exp[-1] < 5:
+        obs[-2] += obs.pop()
+        exp[-2] += exp.pop()
+    dof = len(obs) - 1 - int(fitted)
+    chi2 = float(sum((o - e) ** 2 / e for o, e in zip(obs, exp) if e > 0))
+    p = float(stats.chi2.sf(chi2, dof)) if dof > 0 else float("nan")
+    return dict(alpha=alpha, iterations=int(n), counts=counts.tolist(), expected=expected.tolist(), chi2=chi2,
+                dof=dof, p_value=p)
+
+
+def lag_correlation(runs: list[SweepRun]) -> float:
+    """Pearson correlation of consecutive full iterations' accepted fractions (n/g), pairs within a generation:
+    about 0 when acceptances are independent, > 0 when a draft accepts in runs."""
+    pairs = [(a / g, b / h) for r in runs for (a, g), (b, h) in
+             zip(zip(r.accepted, r.proposed), zip(r.accepted[1:], r.proposed[1:])) if g > 0 and h > 0]
+    if len(pairs) < 3:
+        return float("nan")
+    x, y = np.array(pairs).T
+    if x.std() == 0 or y.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def in_run_c(runs: list[SweepRun]) -> float:
+    """The draft's cost per drafted token inside the runs, over the same prompts' autoregressive decode time per
+    token (the in-run c; the calibrated c is measured apart)."""
+    ar = [r for r in runs if r.gamma == 0]
+    sd = [r for r in runs if r.gamma > 0]
+    ar_ms = sum(r.decode_seconds for r in ar) / sum(r.decode_tokens for r in ar)
+    drafted = sum(r.drafted for r in sd)
+    return (sum(r.draft_seconds for r in sd) / drafted) / ar_ms if drafted else float("nan")
+
+
+def cells(runs: list[SweepRun], calibration: dict[str, Calibration], *, seed: int = 0) -> list[dict]:
+    """One row per (draft, gamma): measured speedup with its interval, alpha with its interval, the prediction
+    from the calibration, and the accepted lengths' fit to Eq. 1's law."""
+    rows = []
+    ar = [r for r in runs if r.gamma == 0]
+    for name in dict.fromkeys(r.draft for r in runs if r.gamma > 0):
+        for g in sorted({r.gamma for r in runs if r.draft == name}):
+            rs = [r for r in runs if (r.draft, r.gamma) == (name, g)]
+            s, a = speedup(runs, name, g, seed=seed), alpha_interval(rs, seed=seed)
+            full = [n for r in rs for n, p in zip(r.accepted, r.proposed) if p == g]
+            fit = geometric_fit(full, g) if full else {}
+            cal = calibration.get(name)
+            rows.append(dict(draft=name, gamma=g, speedup=s.estimate, speedup_lo=s.lo, speedup_hi=s.hi,
+                             n_prompts=s.n_units, alpha=a.estimate, alpha_lo=a.lo, alpha_hi=a.hi,
+                             tokens_per_iteration=sum(n + 1 for r in rs for n in r.accepted)
+                             / max(1, sum(len(r.accepted) for r in rs)),
+                             c_in_run=in_run_c(ar + rs), c=cal.c if cal else float("nan"),
+                             predicted_speedup=predict(cal, g) if cal else float("nan"),
+                             fit_p_value=fit.get("p_value", float("nan")), lag_correlation=lag_correlation(rs)))
+    return rows
+
+
+def table2(cell_rows: list[dict], calibration: dict[str, Calibration], params: dict[str, int]) -> list[dict]:
+    """Leviathan's Table 2 layout: per draft, the measured best gamma (`speedup`, with its interval), the
+    prediction at the gamma the calibration chose (`gamma_pred`, `predicted_speedup`) and the prediction at the
+    measured best gamma (`predicted_at_best`)."""
+    out = []
+    for name in dict.fromkeys(r["draft"] for r in cell_rows):
+        rows = [r for r in cell_rows if r["draft"] == name]
+        best = max(rows, key=lambda r: r["speedup"])
+        cal = calibration[name]
+        gammas = [r["gamma"] for r in rows]
+        gamma_pred = max(gammas, key=lambda g: predict(cal, g))
+        measured_at_pred = next(r for r in rows if r["gamma"] == gamma_pred)
+        out.append(dict(draft=name, params=params.get(name, 0), c=cal.c, c_in_run=best["c_in_run"],
+                        alpha=best["alpha"], alpha_lo=best["alpha_lo"], alpha_hi=best["alpha_hi"],
+                        alpha_calibration=cal.alpha, gamma_opt=best["gamma"], speedup=best["speedup"],
+                        speedup_lo=best["speedup_lo"], speedup_hi=best["speedup_hi"], gamma_pred=gamma_pred,
+                        predicted_speedup=predict(cal, gamma_pred),
+                        measured_at_gamma_pred=measured_at_pred["speedup"],
+                        predicted_at_best=predict(cal, best["gamma"]),
+                        prediction_error=predict(cal, gamma_pred) / measured_at_pred["speedup"] - 1,
+                        n_prompts=best["n_prompts"]))
+    return out
+
+
+def median_verify_steps(verify_ms: list[float]) -> list[float]:
+    """A forward of g+1 tokens in 1-token forwards (the first entry 1)."""
+    return [v / verify_ms[0] for v in verify_ms]
+
