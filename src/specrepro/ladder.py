@@ -58,8 +58,8 @@ def residual_streams(target, tokens: torch.Tensor, mask: torch.Tensor, layers, b
 class LadderConfig:
     layers: tuple[int, ...] = LAYERS
     keep: int = 8191  # ids of the cut head (plus the catch-all)
-    holdout: float = 0.1  # share of the answers (whole rows, the last ones) kept out of training to score the lens
-    train: TrainConfig = TrainConfig(epochs=6, batch_rows=1024, lr=2e-3, warmup_steps=10, weight_decay=0.0)
+    holdout: int = 10  # every holdout-th row (whole answers, both tasks alike) is kept out to score the lens
+    train: TrainConfig = TrainConfig(epochs=8, batch_rows=1024, lr=2e-3, warmup_steps=10, weight_decay=0.0)
 
 
 def labelled(labels: dict, kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,12 +110,12 @@ def train_lens(draft: LensDraft, x: torch.Tensor, ids: torch.Tensor, logp: torch
 def build_ladder(target, labels: dict, cfg: LadderConfig = LadderConfig(), *, target_id: str,
                  folder: Path = paths.MODELS, log=print) -> dict[int, LensDraft]:
     """Train and store one lens draft per entry of `cfg.layers` on the distillation `labels`
-    (`distill.target_answers`). The last `cfg.holdout` share of rows is held out and scored."""
-    rows = labels["tokens"].shape[0]
-    n_train = rows - max(1, round(cfg.holdout * rows))
-    kept = cut_vocabulary(labels["tokens"][:n_train], labels["topk_ids"][:n_train], cfg.keep)
-    split = {part: {k: v[sl] for k, v in labels.items() if isinstance(v, torch.Tensor)}
-             for part, sl in (("train", slice(0, n_train)), ("val", slice(n_train, rows)))}
+    (`distill.target_answers`). Every `cfg.holdout`-th row is held out and scored (rows come sorted by prompt
+    length, code before text, so a strided split holds out both tasks alike)."""
+    held = torch.arange(labels["tokens"].shape[0]) % cfg.holdout == cfg.holdout - 1
+    split = {part: {k: v[rows] for k, v in labels.items() if isinstance(v, torch.Tensor)}
+             for part, rows in (("train", ~held), ("val", held))}
+    kept = cut_vocabulary(split["train"]["tokens"], split["train"]["topk_ids"], cfg.keep)
     t0 = time.perf_counter()
     streams = {part: residual_streams(target, d["tokens"], d["mask"], cfg.layers) for part, d in split.items()}
     log(f"residual streams of {sum(len(s[cfg.layers[0]]) for s in streams.values())} positions in "

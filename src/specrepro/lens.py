@@ -79,6 +79,11 @@ class LensDraft(nn.Module):
         return {"lens.weight": self.lens.weight, "lens.bias": self.lens.bias,
                 "final_norm.weight": self.final_norm.weight, "bias": self.bias}
 
+    def weights_read(self) -> int:
+        """Weights multiplied per token: the k layers, the lens and the cut head (the embedding is a lookup)."""
+        layers = sum(p.numel() for p in self.body.layers.parameters() if p.dim() >= 2)
+        return layers + self.lens.weight.numel() + self.head.numel()
+
     def cut_logits(self, h: torch.Tensor) -> torch.Tensor:
         """(..., d) residual stream -> (..., keep + 1) logits over the cut vocabulary."""
         return nn.functional.linear(self.final_norm(h + self.lens(h)), self.head, self.bias)

@@ -20,6 +20,7 @@ the iterations' proposal lengths at gamma g are taken from the calibration run a
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,8 +61,9 @@ def calibrate(target, drafts: dict, prompts: list[torch.Tensor], *, gamma: int, 
                                       temperature=temperature, eos_token_id=eos_token_id,
                                       generator=torch.Generator().manual_seed(seed + i)).stats
                  for i, ids in enumerate(prompts)]
+        alpha = pooled_alpha(stats)  # nan when no draft token was tested (a lookup that never matched)
         out[name] = Calibration(name, ms[name] / ms["target"], ms[name], ms["target"], tuple(verify_steps),
-                                pooled_alpha(stats), tuple(g for s in stats for g in s.proposed), gamma)
+                                0.0 if alpha != alpha else alpha, tuple(g for s in stats for g in s.proposed), gamma)
     return out
 
 
@@ -136,11 +138,12 @@ def speedup(runs: list[SweepRun], draft: str, gamma: int, *, seed: int = 0) -> i
 
 
 def alpha_interval(runs: list[SweepRun], *, seed: int = 0) -> intervals.Interval:
-    """Pooled alpha (accepted / tested, `GenerationStats.alpha`) with a bootstrap interval over prompts."""
+    """Pooled alpha (accepted / tested, `GenerationStats.alpha`) with a bootstrap interval over prompts; all nan
+    when no draft token was tested (a lookup draft that never matched)."""
     acc = [sum(r.accepted) for r in runs]
     tested = [sum(n + (n < g) for n, g in zip(r.accepted, r.proposed)) for r in runs]
     if sum(tested) == 0:
-        raise ValueError("no draft token was tested")
+        return intervals.Interval(float("nan"), float("nan"), float("nan"), len(runs), 0.95)
     return intervals.bootstrap(intervals.ratio_of_sums, acc, tested, seed=seed)
 
 
@@ -175,9 +178,10 @@ def geometric_fit(accepted: list[int], gamma: int, alpha: float | None = None) -
         else:
             obs.append(o)
             exp.append(e)
-    if len(exp) > 1 and exp[-1] < 5:
-        obs[-2] += obs.pop()
-        exp[-2] += exp.pop()
+    if len(exp) > 1 and exp[-1] < 5:  # a small last bin joins the one before it
+        o, e = obs.pop(), exp.pop()
+        obs[-1] += o
+        exp[-1] += e
     dof = len(obs) - 1 - int(fitted)
     chi2 = float(sum((o - e) ** 2 / e for o, e in zip(obs, exp) if e > 0))
     p = float(stats.chi2.sf(chi2, dof)) if dof > 0 else float("nan")
@@ -258,3 +262,30 @@ def median_verify_steps(verify_ms: list[float]) -> list[float]:
     """A forward of g+1 tokens in 1-token forwards (the first entry 1)."""
     return [v / verify_ms[0] for v in verify_ms]
 
+
+
+def weights_read(model) -> int:
+    """Weights a draft multiplies per token: every matrix of its forward, the output head included (tied or not),
+    the input embedding (a row lookup) left out. A lens draft reads its k layers, lens and cut head; a lookup
+    hybrid its small model; the prompt lookup none."""
+    if hasattr(model, "weights_read"):
+        return model.weights_read()
+    if hasattr(model, "lookup") and hasattr(model, "model"):  # the lookup hybrid runs its small model
+        return weights_read(model.model)
+    if not hasattr(model, "get_input_embeddings"):  # the prompt lookup
+        return 0
+    emb = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    total = sum(p.numel() for p in model.parameters() if p.dim() >= 2)
+    return total if head is not None and head.weight is emb else total - emb.numel()
+
+
+@contextmanager
+def threads(n: int):
+    """Run the block with `n` intra-op CPU threads (torch.set_num_threads), restoring the number after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

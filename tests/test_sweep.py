@@ -1,0 +1,77 @@
+"""The draft sweep's statistics: Eq. 1's capped geometric law and its fit test (which must reject runs of
+acceptances), the lag correlation, the calibrated prediction and the sweep's bookkeeping on a tiny pair."""
+
+import numpy as np
+import pytest
+import torch
+
+from specrepro import sweep as S
+from specrepro import theory
+from specrepro.tiny import tiny_pair
+
+
+def test_capped_geometric_sums_to_one_and_has_eq1_mean():
+    for alpha, gamma in ((0.3, 4), (0.8, 7), (0.0, 2)):
+        p = S.capped_geometric(alpha, gamma)
+        assert p.sum() == pytest.approx(1.0)
+        assert (p * (np.arange(gamma + 1) + 1)).sum() == pytest.approx(theory.expected_tokens(alpha, gamma))
+
+
+def _iid(alpha, gamma, n, seed):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        k = 0
+        while k < gamma and rng.random() < alpha:
+            k += 1
+        out.append(k)
+    return out
+
+
+def test_geometric_fit_accepts_iid_acceptances_and_rejects_runs():
+    ok = S.geometric_fit(_iid(0.6, 5, 3000, 0), 5)
+    assert ok["p_value"] > 0.01 and ok["alpha"] == pytest.approx(0.6, abs=0.03)
+    # all-or-nothing iterations (a copying draft): same alpha, far from geometric
+    rng = np.random.default_rng(1)
+    runs = [5 if rng.random() < 0.5 else 0 for _ in range(3000)]
+    assert S.geometric_fit(runs, 5)["p_value"] < 1e-6
+
+
+def test_lag_correlation_sees_runs():
+    def run(acc):
+        return S.SweepRun("d", 4, 0, 1.0, 1.0, 1, 0.0, 4 * len(acc), [4] * len(acc), acc, [])
+    iid = [run(_iid(0.5, 4, 400, s)) for s in range(3)]
+    assert abs(S.lag_correlation(iid)) < 0.1
+    sticky = [run([4] * 50 + [0] * 50 + [4] * 50)]
+    assert S.lag_correlation(sticky) > 0.9
+
+
+def test_predict_is_thm_3_8_when_verification_costs_one_step():
+    cal = S.Calibration("d", c=0.1, draft_ms=1.0, target_ms=10.0, verify_steps=(1.0,) * 9, alpha=0.7,
+                        lengths=(8,) * 10, gamma=8)
+    for g in (1, 3, 8):
+        assert S.predict(cal, g) == pytest.approx(theory.walltime_improvement(0.7, g, 0.1))
+    with pytest.raises(ValueError, match="covers gamma 1..8"):
+        S.predict(cal, 9)
+
+
+def test_sweep_and_tables_on_a_tiny_pair():
+    target, draft = tiny_pair(16, dtype=torch.float32)
+    prompts = [torch.randint(16, (1, 6), generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    verify = [1.0, 1.1, 1.2, 1.3]
+    cal = S.calibrate(target, {"d": draft}, prompts[:1], gamma=3, max_new_tokens=8, temperature=1.0,
+                      cost_prompt=prompts[0], verify_steps=verify, cost_tokens=4)
+    assert 0 <= cal["d"].alpha <= 1 and cal["d"].c > 0 and cal["d"].lengths
+    runs = S.sweep(target, {"d": draft}, prompts[1:], [1, 3], max_new_tokens=8, temperature=1.0)
+    assert [(r.draft, r.gamma, r.prompt) for r in runs] == [("", 0, 0), ("d", 1, 0), ("d", 3, 0),
+                                                            ("", 0, 1), ("d", 1, 1), ("d", 3, 1)]
+    assert all(r.decode_tokens + r.accepted[0] + 1 == 8 for r in runs if r.gamma and r.accepted[0] < 7)
+    rows = S.cells(runs, cal)
+    assert [(r["draft"], r["gamma"]) for r in rows] == [("d", 1), ("d", 3)]
+    assert all(r["speedup_lo"] <= r["speedup"] <= r["speedup_hi"] and r["n_prompts"] == 2 for r in rows)
+    t2 = S.table2(rows, cal, {"d": 123})
+    assert t2[0]["gamma_opt"] in (1, 3) and t2[0]["params"] == 123
+    assert t2[0]["speedup"] == max(r["speedup"] for r in rows)
+    with pytest.raises(ValueError, match="verify_steps covers"):
+        S.calibrate(target, {"d": draft}, prompts[:1], gamma=5, max_new_tokens=4, temperature=0,
+                    cost_prompt=prompts[0], verify_steps=verify)
