@@ -51,6 +51,10 @@ reproduce-quick: $(STAMP)
 drafts: $(STAMP)
 	$(PY) -m specrepro.pipeline notebooks/00-train-drafts.ipynb -p train_drafts=true
 
+## Train the ladder of tuned-lens drafts lens-1..lens-16 for 06 (~20 minutes on 2 CPU cores: answers, then lenses)
+ladder: $(STAMP)
+	$(PY) -m specrepro.ladder
+
 ## Time autoregressive vs speculative vs transformers' assisted generation (ARGS="--gamma 6 --temperature 0.8")
 bench: $(STAMP)
 	$(PY) -m specrepro.bench $(ARGS)
@@ -64,4 +68,4 @@ clean:
 	rm -rf $(VENV) .pytest_cache outputs/.staging outputs/.failed
 	find . -name __pycache__ -prune -exec rm -rf {} +
 
-.PHONY: help setup test lint reproduce reproduce-quick drafts bench lab clean
+.PHONY: help setup test lint reproduce reproduce-quick drafts ladder bench lab clean

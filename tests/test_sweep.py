@@ -75,3 +75,27 @@ def test_sweep_and_tables_on_a_tiny_pair():
     with pytest.raises(ValueError, match="verify_steps covers"):
         S.calibrate(target, {"d": draft}, prompts[:1], gamma=5, max_new_tokens=4, temperature=0,
                     cost_prompt=prompts[0], verify_steps=verify)
+
+
+def test_weights_read_counts_the_head_not_the_embedding_lookup():
+    from specrepro.drafts import LookupHybridDraft, PromptLookupDraft
+    from specrepro.lens import LensDraft
+    from specrepro.tiny import tiny_target
+
+    target, draft = tiny_pair(16, dtype=torch.float32)
+    # the tiny target's head is untied: everything but the embedding lookup
+    emb = target.get_input_embeddings().weight.numel()
+    assert S.weights_read(target) == sum(p.numel() for p in target.parameters() if p.dim() >= 2) - emb
+    assert S.weights_read(PromptLookupDraft(16)) == 0
+    assert S.weights_read(LookupHybridDraft(draft)) == S.weights_read(draft)
+    big = tiny_target(49152, hidden_size=16, layers=2, dtype=torch.float32)
+    lens = LensDraft(big, 1, torch.arange(100))
+    layer = sum(p.numel() for p in big.model.layers[0].parameters() if p.dim() >= 2)
+    assert S.weights_read(lens) == layer + 16 * 16 + 101 * 16
+
+
+def test_threads_restores_the_thread_count():
+    before = torch.get_num_threads()
+    with S.threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
