@@ -173,8 +173,9 @@ def test_shipped_small_drafts_load_with_the_target_vocabulary(name):
 
 
 def test_shipped_drafts_fit_the_size_budget():
+    # the drafts ship in the repository: 25 MB in all (the ladder stores only what differs from the target)
     total = sum(f.stat().st_size for f in MODELS_DIR.rglob("*") if f.is_file())
-    assert total <= 20e6
+    assert total <= 25e6
 
 
 def test_unknown_draft_name_lists_the_shipped_ones():

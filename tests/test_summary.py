@@ -46,3 +46,24 @@ def test_a_notebook_that_has_not_run_is_reported_as_such(tmp_path):
     assert table.loc["concurrency", "ours"] == "not run"
     assert "has not run" in table.loc["batch_equivalence", "verdict"]
     assert summary.table1_beside_chen({}).source.str.startswith("Chen").all()  # theirs alone
+
+
+def test_draft_size_reads_the_ladder_sweep_when_it_ran(tmp_path):
+    import pandas as pd
+
+    folder = tmp_path / "06-draft-sweep"
+    folder.mkdir()
+    rows = [dict(task="code", temperature=0.0, draft=d, alpha=a, speedup=s, speedup_lo=s - 0.05, speedup_hi=s + 0.05)
+            for d, a, s in (("lens-1", 0.2, 0.9), ("lens-2", 0.3, 0.8), ("prompt-lookup", 0.5, 1.3))]
+    pd.DataFrame(rows).to_csv(folder / "table2.csv", index=False)
+    verdict = dict(winner="lens-1", winner_speedup=0.9, winner_lo=0.85, winner_hi=0.95, runner_up="lens-2",
+                   intervals_overlap=False, smallest_wins=True, alpha_rises_with_size=True,
+                   overall_best="prompt-lookup")
+    (folder / "metrics.json").write_text(json.dumps({"verdicts": {"code_T0": verdict}, "n_prompts": 12}))
+    res = summary.results(tmp_path)
+    res["03-latency"] = {}  # 06 answers the claim; 03's family sweep is not read
+    ours, verdict_text, notebook = summary.ROWS["draft_size"][1](res)
+    assert notebook == "06-draft-sweep" and verdict_text.startswith("reproduces")
+    assert "lens-1 0.90x [0.85, 0.95]" in ours and "0.20/0.30" in ours and "lens-1/lens-2" in ours
+    res["06-draft-sweep"]["metrics"]["verdicts"]["code_T0"] |= dict(smallest_wins=False, winner="lens-2")
+    assert summary.ROWS["draft_size"][1](res)[1].startswith("does not reproduce")

@@ -123,7 +123,37 @@ def _quality(r03):
                   "not shown equivalent in every cell"), "03-latency"
 
 
-def _draft_size(r03):
+def _ladder(r06):
+    """06's answer: per task and temperature, which lens draft wins, against the runner-up's interval."""
+    t, verdicts = r06["table2"], r06["metrics"]["verdicts"]
+    lad = t[t.draft.str.startswith("lens-")]
+    parts = []
+    for key, v in verdicts.items():
+        row = lad[(lad.task + "_T" + lad.temperature.map("{:g}".format)) == key].set_index("draft")
+        won = _ci(v["winner_speedup"], v["winner_lo"], v["winner_hi"])
+        parts.append(f"{key.replace('_', ' ')}: {v['winner']} {won}"
+                     f" (alpha {'/'.join(f'{a:.2f}' for a in row.alpha)} across the ladder), runner-up "
+                     f"{v['runner_up']}{' (overlapping)' if v['intervals_overlap'] else ''}")
+    smallest = [v["smallest_wins"] for v in verdicts.values()]
+    separated = [v["smallest_wins"] and not v["intervals_overlap"] for v in verdicts.values()]
+    rising = all(v["alpha_rises_with_size"] for v in verdicts.values())
+    ours = (f"ladder {'/'.join(sorted(set(lad.draft), key=lambda d: int(d.split('-')[1])))} "
+            f"({r06['metrics']['n_prompts']} prompts per task): " + "; ".join(parts))
+    if not rising:
+        verdict = "not testable where alpha does not rise with size (see 06)"
+    elif all(separated):
+        verdict = "reproduces: the smallest draft wins everywhere, its interval clear of the runner-up's"
+    elif any(smallest):
+        verdict = (f"partly: the smallest draft wins in {sum(smallest)} of {len(smallest)} settings, clear of the "
+                   f"runner-up's interval in {sum(separated)}")
+    else:
+        verdict = "does not reproduce: a larger draft wins in every setting"
+    return ours, verdict, "06-draft-sweep"
+
+
+def _draft_size(r03, r06=None):
+    if r06 is not None and "table2" in r06 and r06["metrics"].get("verdicts"):
+        return _ladder(r06)
     f = r03["draft_family"]
     neural = f.set_index("draft").reindex(["draft-s", "draft-m", "draft-l"]).dropna(subset=["alpha"])  # by size
     best = f.loc[f.measured_speedup.idxmax()]
@@ -169,7 +199,7 @@ ROWS = {  # claim id in claims.json -> (notebooks it needs, a builder of (ours, 
     "memory_bound": (("02-arithmetic-ops",), lambda r: _regime(r["02-arithmetic-ops"], r.get("07-regime"))),
     "table1_humaneval_speedup": (("03-latency",), lambda r: _table1(r["03-latency"], r.get("07-regime"))),
     "table1_humaneval_quality": (("03-latency",), lambda r: _quality(r["03-latency"])),
-    "draft_size": (("03-latency",), lambda r: _draft_size(r["03-latency"])),
+    "draft_size": (("03-latency",), lambda r: _draft_size(r["03-latency"], r.get("06-draft-sweep"))),
     "batch_equivalence": (("05-batch",), lambda r: _batch_equivalence(r["05-batch"])),
     "batch_throughput": (("05-batch",), lambda r: _batch_throughput(r["05-batch"])),
 }
