@@ -42,13 +42,16 @@ def test_lag_correlation_sees_runs():
         return S.SweepRun("d", 4, 0, 1.0, 1.0, 1, 0.0, 4 * len(acc), [4] * len(acc), acc, [])
     iid = [run(_iid(0.5, 4, 400, s)) for s in range(3)]
     assert abs(S.lag_correlation(iid)) < 0.1
+    # prompts that differ in alpha alone are not runs: within each generation acceptances are independent
+    mixed = [run(_iid(a, 4, 400, s)) for s, a in enumerate((0.1, 0.9, 0.1, 0.9))]
+    assert abs(S.lag_correlation(mixed)) < 0.1
     sticky = [run([4] * 50 + [0] * 50 + [4] * 50)]
     assert S.lag_correlation(sticky) > 0.9
 
 
 def test_predict_is_thm_3_8_when_verification_costs_one_step():
     cal = S.Calibration("d", c=0.1, draft_ms=1.0, target_ms=10.0, verify_steps=(1.0,) * 9, alpha=0.7,
-                        lengths=(8,) * 10, gamma=8)
+                        lengths={8: (8,) * 10}, gamma=8)
     for g in (1, 3, 8):
         assert S.predict(cal, g) == pytest.approx(theory.walltime_improvement(0.7, g, 0.1))
     with pytest.raises(ValueError, match="covers gamma 1..8"):
@@ -56,12 +59,17 @@ def test_predict_is_thm_3_8_when_verification_costs_one_step():
 
 
 def test_sweep_and_tables_on_a_tiny_pair():
+    from specrepro.drafts import PromptLookupDraft
+
     target, draft = tiny_pair(16, dtype=torch.float32)
     prompts = [torch.randint(16, (1, 6), generator=torch.Generator().manual_seed(i)) for i in range(3)]
     verify = [1.0, 1.1, 1.2, 1.3]
     cal = S.calibrate(target, {"d": draft}, prompts[:1], gamma=3, max_new_tokens=8, temperature=1.0,
                       cost_prompt=prompts[0], verify_steps=verify, cost_tokens=4)
-    assert 0 <= cal["d"].alpha <= 1 and cal["d"].c > 0 and cal["d"].lengths
+    assert 0 <= cal["d"].alpha <= 1 and cal["d"].c > 0 and list(cal["d"].lengths) == [3]
+    lookup = S.calibrate(target, {"l": PromptLookupDraft(16)}, prompts[:1], gamma=3, max_new_tokens=8, temperature=0,
+                         cost_prompt=prompts[0], verify_steps=verify, cost_tokens=4, gammas=[1, 3])
+    assert list(lookup["l"].lengths) == [1, 3]  # a lookup draft is calibrated at every gamma it will run
     runs = S.sweep(target, {"d": draft}, prompts[1:], [1, 3], max_new_tokens=8, temperature=1.0)
     assert [(r.draft, r.gamma, r.prompt) for r in runs] == [("", 0, 0), ("d", 1, 0), ("d", 3, 0),
                                                             ("", 0, 1), ("d", 1, 1), ("d", 3, 1)]
@@ -69,6 +77,7 @@ def test_sweep_and_tables_on_a_tiny_pair():
     rows = S.cells(runs, cal)
     assert [(r["draft"], r["gamma"]) for r in rows] == [("d", 1), ("d", 3)]
     assert all(r["speedup_lo"] <= r["speedup"] <= r["speedup_hi"] and r["n_prompts"] == 2 for r in rows)
+    assert len(S.records(runs)) == 6 and S.records(runs)[1]["accepted"].split()[0].isdigit()
     t2 = S.table2(rows, cal, {"d": 123})
     assert t2[0]["gamma_opt"] in (1, 3) and t2[0]["params"] == 123
     assert t2[0]["speedup"] == max(r["speedup"] for r in rows)

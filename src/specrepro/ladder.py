@@ -1,8 +1,8 @@
 """A ladder of drafts whose size buys accuracy: tuned-lens drafts of the target's first k layers, k = 1..16.
 
-Leviathan et al. 2022 (arXiv 2211.17192, Sec. 4 and Table 2) drafted an 11B T5 with T5-small, -base and -large and
-found the smallest won: a larger draft is more accurate (alpha up) but costs more (c up), and the speedup of
-Thm 3.8 trades the two. Testing that needs drafts of one kind whose alpha rises with their cost. Draft k
+Leviathan et al. 2022 (arXiv 2211.17192, Sec. 4) drafted an 11B T5 with T5-small, -base and -large and found the
+smallest won. A larger draft of one kind can be expected to agree more (alpha up) but costs more (c up), and the
+speedup of Thm 3.8 trades the two. Testing that needs drafts of one kind whose alpha rises with their cost. Draft k
 (`specrepro.lens.LensDraft`) is the target's own embedding and first k layers, frozen, read out by a tuned lens
 (Belrose et al. 2023, arXiv 2303.08112) over a cut vocabulary; the early-exit drafts of Draft & Verify (Zhang et
 al. 2023, arXiv 2309.08168) and LayerSkip (Elhoushi et al. 2024, arXiv 2404.16710) read out the same stream. Its
@@ -11,8 +11,8 @@ cost grows linearly with k; its agreement with the target rises with k (k = 30 w
 Training is distillation on the target's own answers (`distill.target_answers`, on-policy as for the small
 drafts): the target's residual stream after layer k at every answer position, against its top-k next-token
 distribution (`train.distillation_loss`, forward KL). The streams of every k come from one forward of the target,
-so the whole ladder trains in minutes; the last rows are held out to score each lens (and the untrained "logit
-lens" it starts from).
+so the whole ladder trains in minutes; every 10th answer row is held out to score each lens (and the untrained
+"logit lens" it starts from).
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def build_ladder(target, labels: dict, cfg: LadderConfig = LadderConfig(), *, ta
                  folder: Path = paths.MODELS, log=print) -> dict[int, LensDraft]:
     """Train and store one lens draft per entry of `cfg.layers` on the distillation `labels`
     (`distill.target_answers`). Every `cfg.holdout`-th row is held out and scored (rows come sorted by prompt
-    length, code before text, so a strided split holds out both tasks alike)."""
+    length, and the long prompts are mostly Shakespeare, so a strided split holds out both tasks alike)."""
     held = torch.arange(labels["tokens"].shape[0]) % cfg.holdout == cfg.holdout - 1
     split = {part: {k: v[rows] for k, v in labels.items() if isinstance(v, torch.Tensor)}
              for part, rows in (("train", ~held), ("val", held))}

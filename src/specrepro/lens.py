@@ -4,10 +4,11 @@
     z   = E_cut RMSNorm_w(h_k + A h_k + b) + bias      z: (keep + 1) logits
 
 A tuned lens (Belrose et al. 2023, arXiv 2303.08112) is an affine translator that makes layer k's residual stream
-predict the final distribution. E_cut is the target's tied embedding restricted to the `keep` ids its own answers
-use most (`drafts.cut_vocabulary`), plus one catch-all row (the mean embedding of the other ids); the logits are
-expanded to the full vocabulary as `drafts.expand` does it (every unseen id gets the catch-all's logit minus
-log(#unseen), so together they carry its probability and none outscores a kept id). The cut head keeps a 1-layer
+predict the final distribution. E_cut is the target's tied embedding restricted to the `keep` ids most frequent in
+the distillation rows and the target's top-1 predictions (`drafts.cut_vocabulary`), plus one catch-all row (the
+mean embedding of the other ids); the logits are expanded to the full vocabulary as `drafts.expand` does it (every
+unseen id gets the catch-all's logit minus log(#unseen), so together they carry its probability and none outscores
+the catch-all). The cut head keeps a 1-layer
 draft cheap: the full 49,152-row head alone reads 28M of the target's 135M weights per token. Stored (bf16): A, b,
 w and the bias, 0.34M numbers per draft, and the kept ids; the rest is copied from the target at load time.
 """

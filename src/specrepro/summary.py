@@ -132,8 +132,9 @@ def _ladder(r06):
         row = lad[(lad.task + "_T" + lad.temperature.map("{:g}".format)) == key].set_index("draft")
         won = _ci(v["winner_speedup"], v["winner_lo"], v["winner_hi"])
         parts.append(f"{key.replace('_', ' ')}: {v['winner']} {won}"
-                     f" (alpha {'/'.join(f'{a:.2f}' for a in row.alpha)} across the ladder), runner-up "
-                     f"{v['runner_up']}{' (overlapping)' if v['intervals_overlap'] else ''}")
+                     f" (alpha {'/'.join(f'{a:.2f}' for a in row.alpha)} across the ladder)"
+                     + (f", runner-up {v['runner_up']}{' (overlapping)' if v['intervals_overlap'] else ''}"
+                        if v["runner_up"] else ""))
     smallest = [v["smallest_wins"] for v in verdicts.values()]
     separated = [v["smallest_wins"] and not v["intervals_overlap"] for v in verdicts.values()]
     rising = all(v["alpha_rises_with_size"] for v in verdicts.values())
@@ -143,6 +144,8 @@ def _ladder(r06):
         verdict = "not testable where alpha does not rise with size (see 06)"
     elif all(separated):
         verdict = "reproduces: the smallest draft wins everywhere, its interval clear of the runner-up's"
+        if any(v["winner_hi"] < 1 for v in verdicts.values()):
+            verdict += " (even where every draft of the ladder is slower than autoregressive decoding)"
     elif any(smallest):
         verdict = (f"partly: the smallest draft wins in {sum(smallest)} of {len(smallest)} settings, clear of the "
                    f"runner-up's interval in {sum(separated)}")

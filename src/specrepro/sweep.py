@@ -2,7 +2,7 @@
 measured.
 
 Two runs on disjoint prompts. The *calibration* run (`calibrate`) measures each draft's cost c (its decode time per
-token over the target's, interleaved), the target's verification cost (a forward of g+1 tokens in decode steps) and
+token over the target's, interleaved), the target's verification cost (a forward of g+1 tokens in 1-token forwards) and
 the draft's acceptance rate alpha at the largest gamma. From these alone `predict` gives every gamma's speedup
 (`walltime.predicted_speedup_in_steps`, Thm 3.8 with measured costs): an out-of-sample prediction. The *sweep*
 (`sweep`) then measures every (draft, gamma) on other prompts, interleaved per prompt with autoregressive decoding,
@@ -13,9 +13,9 @@ iteration follows a geometric law capped at gamma (`capped_geometric`); `geometr
 `lag_correlation` measures how far consecutive iterations' acceptances are from independent (a copying draft
 accepts in runs).
 
-A drafted token costs a draft forward; a prompt-lookup draft proposes only as far as its match reaches, so for it
-the iterations' proposal lengths at gamma g are taken from the calibration run at the largest gamma, cut at g
-(the lookup stops at its first miss, so a proposal at g is the proposal at G cut at g, prefix for prefix).
+A drafted token costs a draft forward. A model draft proposes gamma tokens every iteration, so its alpha, measured at
+the largest gamma, serves every gamma. A prompt-lookup draft proposes only as far as its match reaches, and how its
+iterations split a generation depends on gamma, so it is calibrated at every gamma (it costs no matrix work).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from . import intervals, walltime
 from .generate import autoregressive_generate, pooled_alpha, speculative_generate
 from .timing import timed
 
+CALIBRATION_SEED = 10_000  # offset of the calibration runs' sampling seeds from the sweep's
+
 
 @dataclass(frozen=True)
 class Calibration:
@@ -40,30 +42,35 @@ class Calibration:
     draft_ms: float
     target_ms: float
     verify_steps: tuple[float, ...]  # a target forward of g+1 tokens in 1-token forwards, g = 0..G
-    alpha: float  # pooled over the calibration runs at gamma G
-    lengths: tuple[int, ...]  # the calibration iterations' proposal lengths at gamma G
+    alpha: float  # pooled over the calibration runs
+    lengths: dict[int, tuple[int, ...]]  # gamma -> the calibration iterations' proposal lengths (G alone for a
+    # model draft, whose proposals are gamma long but for the last iteration)
     gamma: int  # G
 
 
 def calibrate(target, drafts: dict, prompts: list[torch.Tensor], *, gamma: int, max_new_tokens: int,
               temperature: float, cost_prompt: torch.Tensor, verify_steps: list[float], seed: int = 0,
-              eos_token_id=None, cost_tokens: int = 16) -> dict[str, Calibration]:
+              eos_token_id=None, cost_tokens: int = 16, gammas=None) -> dict[str, Calibration]:
     """Each draft's `Calibration`: c from `walltime.decode_ms_per_token` on `cost_prompt` (all models interleaved),
-    alpha and proposal lengths from speculative runs at `gamma` on `prompts` (the sweep must use other prompts).
-    `verify_steps` is the target's verification cost profile (`walltime.verify_ms`, in steps), measured once."""
+    alpha and proposal lengths from speculative runs on `prompts` (the sweep must use other prompts) at `gamma`,
+    and for a draft that proposes as far as its match reaches (`proposal_length`) at each of `gammas` too.
+    `verify_steps` is the target's verification cost profile (`verify_steps`, in 1-token forwards), measured once.
+    Calibration prompt i samples with seed + CALIBRATION_SEED + i, apart from the sweep's seeds."""
     if len(verify_steps) < gamma + 1:
         raise ValueError(f"verify_steps covers forwards of 1..{len(verify_steps)} tokens; gamma {gamma} needs "
                          f"{gamma + 1}")
     ms = walltime.decode_ms_per_token({"target": target} | drafts, cost_prompt, n=cost_tokens)
     out = {}
     for name, draft in drafts.items():
-        stats = [speculative_generate(target, draft, ids, gamma=gamma, max_new_tokens=max_new_tokens,
-                                      temperature=temperature, eos_token_id=eos_token_id,
-                                      generator=torch.Generator().manual_seed(seed + i)).stats
-                 for i, ids in enumerate(prompts)]
-        alpha = pooled_alpha(stats)  # nan when no draft token was tested (a lookup that never matched)
+        each = sorted(set(gammas or ()) | {gamma}) if hasattr(draft, "proposal_length") else [gamma]
+        stats = {g: [speculative_generate(target, draft, ids, gamma=g, max_new_tokens=max_new_tokens,
+                                          temperature=temperature, eos_token_id=eos_token_id,
+                                          generator=torch.Generator().manual_seed(seed + CALIBRATION_SEED + i)).stats
+                     for i, ids in enumerate(prompts)] for g in each}
+        alpha = pooled_alpha([s for ss in stats.values() for s in ss])  # nan when no draft token was tested
+        lengths = {g: tuple(n for s in ss for n in s.proposed) for g, ss in stats.items()}
         out[name] = Calibration(name, ms[name] / ms["target"], ms[name], ms["target"], tuple(verify_steps),
-                                0.0 if alpha != alpha else alpha, tuple(g for s in stats for g in s.proposed), gamma)
+                                0.0 if alpha != alpha else alpha, lengths, gamma)
     return out
 
 
@@ -71,7 +78,7 @@ def predict(cal: Calibration, gamma: int) -> float:
     """The speedup at `gamma` predicted from the calibration alone (costs in target steps, so drift cancels)."""
     if not 1 <= gamma <= cal.gamma:
         raise ValueError(f"the calibration covers gamma 1..{cal.gamma}, got {gamma}")
-    lengths = [min(g, gamma) for g in cal.lengths]
+    lengths = list(cal.lengths[gamma]) if gamma in cal.lengths else [min(g, gamma) for g in cal.lengths[cal.gamma]]
     return walltime.predicted_speedup_in_steps(cal.alpha, gamma, ar_ms_per_token=1.0, draft_ms_per_token=cal.c,
                                                verify_steps=list(cal.verify_steps), lengths=lengths)
 
@@ -88,7 +95,7 @@ class SweepRun:
     decode_seconds: float
     decode_tokens: int
     draft_seconds: float
-    drafted: int  # draft tokens proposed
+    drafted: int  # draft tokens proposed after the first iteration
     proposed: list[int]
     accepted: list[int]
     output: list[int]
@@ -100,9 +107,10 @@ def _run(target, draft, ids, *, gamma: int, name: str, prompt: int, **kw) -> Swe
     else:
         secs, out = timed(lambda: speculative_generate(target, draft, ids, gamma=gamma, **kw))
     st = out.stats
-    first = st.accepted[0] + 1 if st.accepted else 1  # tokens of the first iteration
+    first = min(st.accepted[0] + 1, st.new_tokens) if st.accepted else 1  # the first iteration's tokens (EOS cuts)
+    # the first iteration is left out of the draft's time too: it holds the draft's prefill of the prompt
     return SweepRun(name, gamma if draft is not None else 0, prompt, secs, sum(st.iteration_seconds[1:]),
-                    st.new_tokens - first, sum(st.draft_seconds), sum(st.proposed), list(st.proposed),
+                    st.new_tokens - first, sum(st.draft_seconds[1:]), sum(st.proposed[1:]), list(st.proposed),
                     list(st.accepted), out.sequences[0, ids.shape[1]:].tolist())
 
 
@@ -122,6 +130,14 @@ def sweep(target, drafts: dict, prompts: list[torch.Tensor], gammas: list[int], 
         if log:
             log(f"prompt {i + 1}/{len(prompts)} done")
     return runs
+
+
+def records(runs: list[SweepRun]) -> list[dict]:
+    """The runs as flat rows (a CSV): per-iteration proposals and acceptances as space-separated integers."""
+    return [dict(draft=r.draft, gamma=r.gamma, prompt=r.prompt, seconds=r.seconds, decode_seconds=r.decode_seconds,
+                 decode_tokens=r.decode_tokens, draft_seconds=r.draft_seconds, drafted=r.drafted,
+                 proposed=" ".join(map(str, r.proposed)), accepted=" ".join(map(str, r.accepted)),
+                 new_tokens=len(r.output)) for r in runs]
 
 
 def speedup(runs: list[SweepRun], draft: str, gamma: int, *, seed: int = 0) -> intervals.Interval:
@@ -190,10 +206,16 @@ def geometric_fit(accepted: list[int], gamma: int, alpha: float | None = None) -
 
 
 def lag_correlation(runs: list[SweepRun]) -> float:
-    """Pearson correlation of consecutive full iterations' accepted fractions (n/g), pairs within a generation:
-    about 0 when acceptances are independent, > 0 when a draft accepts in runs."""
-    pairs = [(a / g, b / h) for r in runs for (a, g), (b, h) in
-             zip(zip(r.accepted, r.proposed), zip(r.accepted[1:], r.proposed[1:])) if g > 0 and h > 0]
+    """Within-generation correlation of consecutive full iterations' accepted fractions (n/gamma): each
+    generation's mean is subtracted before the pairs are pooled, so that prompts that differ in alpha alone do not
+    count as runs. About 0 (slightly below, a short series' mean is estimated) when acceptances are independent,
+    > 0 when a draft accepts in runs."""
+    pairs = []
+    for r in runs:
+        f = np.array([a / g for a, g in zip(r.accepted, r.proposed) if g == r.gamma and g > 0])
+        if len(f) >= 2:
+            f = f - f.mean()
+            pairs += list(zip(f[:-1], f[1:]))
     if len(pairs) < 3:
         return float("nan")
     x, y = np.array(pairs).T
@@ -258,8 +280,8 @@ def table2(cell_rows: list[dict], calibration: dict[str, Calibration], params: d
     return out
 
 
-def median_verify_steps(verify_ms: list[float]) -> list[float]:
-    """A forward of g+1 tokens in 1-token forwards (the first entry 1)."""
+def verify_steps(verify_ms: list[float]) -> list[float]:
+    """`walltime.verify_ms` in 1-token forwards: a forward of g+1 tokens over one of 1 token (the first entry 1)."""
     return [v / verify_ms[0] for v in verify_ms]
 
 
