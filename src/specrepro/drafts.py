@@ -166,14 +166,13 @@ def load_shipped(folder: Path, dtype: torch.dtype = torch.float32, target=None):
 
 
 def early_exit(target, layers: int):
-    """A LlamaForCausalLM made of the target's embedding, first `layers` layers, final norm and (tied) LM head."""
-    from transformers import LlamaForCausalLM
-
+    """A model of the target's class (a LlamaForCausalLM for SmolLM2) made of its embedding, first `layers` layers,
+    final norm and (tied) LM head."""
     config = target.config.__class__.from_dict(target.config.to_dict() | {"num_hidden_layers": layers})
     if hasattr(config, "layer_types") and config.layer_types is not None:
         config.layer_types = config.layer_types[:layers]
     with torch.random.fork_rng(devices=[]):
-        model = LlamaForCausalLM(config)
+        model = type(target)(config)
     state = {k: v for k, v in target.state_dict().items()
              if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers}
     model.load_state_dict(state, strict=True)

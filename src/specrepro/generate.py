@@ -87,11 +87,17 @@ class GenerationStats:
         return sum(n + 1 for n in self.accepted) / self.iterations if self.iterations else float("nan")
 
 
+def tested(accepted: Iterable[int], proposed: Iterable[int]) -> int:
+    """Draft tokens the target tested over iterations: n + 1 when n of g were accepted (n < g), g when all were
+    (a draft is tested only if all before it were accepted)."""
+    return sum(n + (n < g) for n, g in zip(accepted, proposed))
+
+
 def pooled_alpha(runs: Iterable[GenerationStats]) -> float:
     """`GenerationStats.alpha` over many runs: all accepted drafts / all drafts tested."""
     runs = list(runs)
-    tested = sum(n + (n < g) for s in runs for n, g in zip(s.accepted, s.proposed))
-    return sum(sum(s.accepted) for s in runs) / tested if tested else float("nan")
+    tested_ = sum(tested(s.accepted, s.proposed) for s in runs)
+    return sum(sum(s.accepted) for s in runs) / tested_ if tested_ else float("nan")
 
 
 @dataclass

@@ -8,9 +8,9 @@ predict the final distribution. E_cut is the target's tied embedding restricted 
 the distillation rows and the target's top-1 predictions (`drafts.cut_vocabulary`), plus one catch-all row (the
 mean embedding of the other ids); the logits are expanded to the full vocabulary as `drafts.expand` does it (every
 unseen id gets the catch-all's logit minus log(#unseen), so together they carry its probability and none outscores
-the catch-all). The cut head keeps a 1-layer
-draft cheap: the full 49,152-row head alone reads 28M of the target's 135M weights per token. Stored (bf16): A, b,
-w and the bias, 0.34M numbers per draft, and the kept ids; the rest is copied from the target at load time.
+the catch-all). The cut head keeps a 1-layer draft cheap: the full 49,152-row head alone reads 28M of the target's
+135M weights per token. Stored (bf16): A, b, w and the bias, 0.34M numbers per draft, and the kept ids; the rest is
+copied from the target at load time (`drafts.early_exit`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from . import paths
-from .drafts import TARGET_VOCAB, full_to_cut, read_manifest, write_manifest
+from .drafts import TARGET_VOCAB, early_exit, full_to_cut, read_manifest, write_manifest
 
 
 @dataclass
@@ -38,19 +38,11 @@ class LensDraft(nn.Module):
 
     def __init__(self, target, layers: int, kept: torch.Tensor):
         super().__init__()
-        from transformers import AutoModel
-
         n = target.config.num_hidden_layers
         if not 1 <= layers < n:
             raise ValueError(f"layers must be in 1..{n - 1} (the target has {n}), got {layers}")
-        config = target.config.__class__.from_dict(target.config.to_dict() | {"num_hidden_layers": layers})
-        if getattr(config, "layer_types", None) is not None:
-            config.layer_types = config.layer_types[:layers]
-        with torch.random.fork_rng(devices=[]):
-            self.body = AutoModel.from_config(config)
-        state = {k.removeprefix("model."): v for k, v in target.state_dict().items() if k.startswith("model.")
-                 and (not k.startswith("model.layers.") or int(k.split(".")[2]) < layers)}
-        self.body.load_state_dict(state, strict=True)
+        self.body = early_exit(target, layers).model  # the target's embedding, first `layers` layers, final norm
+        config = self.body.config
         self.final_norm = self.body.norm  # the target's final RMSNorm, applied after the lens (w is trained)
         self.body.norm = nn.Identity()  # the body returns the residual stream h_k
         self.body.requires_grad_(False)

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import intervals, walltime
-from .generate import autoregressive_generate, pooled_alpha, speculative_generate
+from . import bench, intervals, walltime
+from .generate import autoregressive_generate, pooled_alpha, speculative_generate, tested
 from .timing import timed
 
 CALIBRATION_SEED = 10_000  # offset of the calibration runs' sampling seeds from the sweep's
@@ -100,6 +100,11 @@ class SweepRun:
     accepted: list[int]
     output: list[int]
 
+    @property
+    def method(self) -> str:
+        """How `bench.speedup_interval` names the run: "autoregressive", or "<draft>@<gamma>"."""
+        return f"{self.draft}@{self.gamma}" if self.gamma else "autoregressive"
+
 
 def _run(target, draft, ids, *, gamma: int, name: str, prompt: int, **kw) -> SweepRun:
     if draft is None:
@@ -142,25 +147,18 @@ def records(runs: list[SweepRun]) -> list[dict]:
 
 def speedup(runs: list[SweepRun], draft: str, gamma: int, *, seed: int = 0) -> intervals.Interval:
     """Pooled decode-time speedup of (draft, gamma) over autoregressive decoding on the same prompts, with a 95%
-    percentile bootstrap interval over prompts."""
-    ar = {r.prompt: r for r in runs if r.gamma == 0}
-    sd = {r.prompt: r for r in runs if (r.draft, r.gamma) == (draft, gamma)}
-    shared = sorted(set(ar) & set(sd))
-    if not shared:
-        raise ValueError(f"no prompt has both autoregressive runs and runs of {draft!r} at gamma {gamma}")
-    cols = [[ar[k].decode_seconds for k in shared], [ar[k].decode_tokens for k in shared],
-            [sd[k].decode_seconds for k in shared], [sd[k].decode_tokens for k in shared]]
-    return intervals.bootstrap(intervals.speedup, *cols, seed=seed)
+    percentile bootstrap interval over prompts (`bench.speedup_interval`)."""
+    return bench.speedup_interval(runs, f"{draft}@{gamma}", seed=seed)
 
 
 def alpha_interval(runs: list[SweepRun], *, seed: int = 0) -> intervals.Interval:
     """Pooled alpha (accepted / tested, `GenerationStats.alpha`) with a bootstrap interval over prompts; all nan
     when no draft token was tested (a lookup draft that never matched)."""
     acc = [sum(r.accepted) for r in runs]
-    tested = [sum(n + (n < g) for n, g in zip(r.accepted, r.proposed)) for r in runs]
-    if sum(tested) == 0:
+    tests = [tested(r.accepted, r.proposed) for r in runs]
+    if sum(tests) == 0:
         return intervals.Interval(float("nan"), float("nan"), float("nan"), len(runs), 0.95)
-    return intervals.bootstrap(intervals.ratio_of_sums, acc, tested, seed=seed)
+    return intervals.bootstrap(intervals.ratio_of_sums, acc, tests, seed=seed)
 
 
 def capped_geometric(alpha: float, gamma: int) -> np.ndarray:
@@ -183,8 +181,8 @@ def geometric_fit(accepted: list[int], gamma: int, alpha: float | None = None) -
         raise ValueError("no iteration to fit")
     fitted = alpha is None
     if fitted:
-        tested = sum(a + (a < gamma) for a in accepted)
-        alpha = sum(accepted) / tested if tested else 0.0
+        tests = tested(accepted, [gamma] * len(accepted))
+        alpha = sum(accepted) / tests if tests else 0.0
     expected = n * capped_geometric(alpha, gamma)
     obs, exp = [], []
     for o, e in zip(counts, expected):  # merge small bins forward
@@ -283,7 +281,6 @@ def table2(cell_rows: list[dict], calibration: dict[str, Calibration], params: d
 def verify_steps(verify_ms: list[float]) -> list[float]:
     """`walltime.verify_ms` in 1-token forwards: a forward of g+1 tokens over one of 1 token (the first entry 1)."""
     return [v / verify_ms[0] for v in verify_ms]
-
 
 
 def weights_read(model) -> int:
