@@ -58,6 +58,56 @@ def test_predict_is_thm_3_8_when_verification_costs_one_step():
         S.predict(cal, 9)
 
 
+def _greedy_continuation(target, ids, n):
+    from specrepro.generate import autoregressive_generate
+
+    return autoregressive_generate(target, ids, max_new_tokens=n, temperature=0).sequences[:, ids.shape[1]:]
+
+
+@pytest.mark.parametrize("lookup", [False, True])
+def test_greedy_replay_is_the_loops_own_run(lookup):
+    """Greedy, the replay over the target's continuation gives the loop's iterations exactly, model or lookup."""
+    from specrepro.acceptance import betas, position_logits
+    from specrepro.drafts import PromptLookupDraft
+    from specrepro.generate import speculative_generate
+    from specrepro.sampling import SamplingConfig
+
+    target, draft = tiny_pair(16, dtype=torch.float32)
+    draft = PromptLookupDraft(16) if lookup else draft
+    cfg = SamplingConfig(temperature=0)
+    for i in range(3):
+        ids = torch.randint(16, (1, 6), generator=torch.Generator().manual_seed(i))
+        new = _greedy_continuation(target, ids, 20)
+        b = betas(position_logits(target, ids, new), position_logits(draft, ids, new), cfg).tolist()
+        for gamma in (1, 3, 5):
+            its = S.replay(b, gamma, rng=np.random.default_rng(0), prefix=ids[0].tolist(), new=new[0].tolist(),
+                           proposal_length=getattr(draft, "proposal_length", None))
+            st = speculative_generate(target, draft, ids, gamma=gamma, max_new_tokens=20, temperature=0).stats
+            assert [p for p, _ in its] == list(st.proposed) and [n for _, n in its] == list(st.accepted)
+            assert sum(n + 1 for _, n in its) == 20
+
+
+def test_sampled_replay_follows_eq1_when_betas_are_constant():
+    rng = np.random.default_rng(0)
+    its = [it for _ in range(400) for it in S.replay([0.6] * 40, 4, rng=rng)]
+    full = [n for p, n in its if p == 4]
+    assert np.mean([n + 1 for n in full]) == pytest.approx(theory.expected_tokens(0.6, 4), rel=0.03)
+    assert S.replay([1.0] * 10, 3, rng=rng) == [(3, 3), (3, 3), (1, 1)]  # the last proposes only what is left
+    assert S.replay([0.0] * 3, 2, rng=rng) == [(2, 0), (1, 0), (0, 0)]
+    with pytest.raises(ValueError, match="gamma must be >= 1"):
+        S.replay([0.5], 0, rng=rng)
+    with pytest.raises(ValueError, match="needs the prompt"):
+        S.replay([0.5], 2, rng=rng, proposal_length=lambda tokens, g: g)
+
+
+def test_predict_replay_counts_tokens_over_steps():
+    cal = S.Calibration("d", c=0.1, draft_ms=1.0, target_ms=10.0, verify_steps=(1.0, 1.2, 1.5), alpha=0.5,
+                        lengths={2: (2, 2, 0)}, gamma=2, accepted={2: (2, 0, 0)})
+    assert S.predict_replay(cal, 2) == pytest.approx((3 + 1 + 1) / (2 * 0.1 + 1.5 + 2 * 0.1 + 1.5 + 1.0))
+    assert cal.alpha_at(2) == pytest.approx(2 / 3)  # tested: 2 accepted + 1 rejection; the empty proposal none
+    assert np.isnan(S.predict_replay(cal, 1))  # no iterations kept at gamma 1
+
+
 def test_sweep_and_tables_on_a_tiny_pair():
     from specrepro.drafts import PromptLookupDraft
 

@@ -1,33 +1,41 @@
 """The draft sweep (Leviathan et al. 2022, arXiv 2211.17192, Sec. 4 and Table 2): drafts x gamma, predicted before
 measured.
 
-Two runs on disjoint prompts. The *calibration* run (`calibrate`) measures each draft's cost c (its decode time per
-token over the target's, interleaved), the target's verification cost (a forward of g+1 tokens in 1-token forwards) and
-the draft's acceptance rate alpha at the largest gamma. From these alone `predict` gives every gamma's speedup
-(`walltime.predicted_speedup_in_steps`, Thm 3.8 with measured costs): an out-of-sample prediction. The *sweep*
-(`sweep`) then measures every (draft, gamma) on other prompts, interleaved per prompt with autoregressive decoding,
-and `table` sets the measured speedup (pooled, 95% bootstrap interval over prompts) beside the prediction.
+Two runs on disjoint prompts. The *calibration* (`calibrate`) measures each draft's cost c (its decode time per
+token over the target's, interleaved) and, given the target's verification cost (a forward of g+1 tokens in 1-token
+forwards, `verify_steps`), the draft's acceptance on the target's own continuations of the calibration prompts: one
+forward of each model gives every position's acceptance probability beta (`acceptance.betas`, Leviathan Def. 3.1),
+and `replay` walks the speculative loop's iterations over those positions at every gamma (which proposals are
+made, how many are accepted) without running it. From these alone `predict` gives every gamma's speedup
+(`walltime.predicted_speedup_in_steps`, Thm 3.8 with measured costs): an out-of-sample prediction. `predict_replay`
+is the same prediction without Eq. 1's i.i.d. assumption (the replayed iterations' tokens over their costs). The
+*sweep* (`sweep`) then measures every (draft, gamma) on other prompts, interleaved per prompt with autoregressive
+decoding, and `cells`/`table2` set the measured speedup (pooled, 95% bootstrap interval over prompts) beside the
+predictions.
 
 Eq. 1 assumes each draft token is accepted independently with probability alpha, so the accepted length of an
 iteration follows a geometric law capped at gamma (`capped_geometric`); `geometric_fit` tests it and
 `lag_correlation` measures how far consecutive iterations' acceptances are from independent (a copying draft
 accepts in runs).
 
-A drafted token costs a draft forward. A model draft proposes gamma tokens every iteration, so its alpha, measured at
-the largest gamma, serves every gamma. A prompt-lookup draft proposes only as far as its match reaches, and how its
-iterations split a generation depends on gamma, so it is calibrated at every gamma (it costs no matrix work).
+A drafted token costs a draft forward. A prompt-lookup draft proposes only as far as its match reaches
+(`proposal_length`), so its proposal lengths, and with them how its iterations split a generation, depend on gamma;
+the replay asks it at every iteration, as the loop does.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from . import bench, intervals, walltime
-from .generate import autoregressive_generate, pooled_alpha, speculative_generate, tested
+from .acceptance import betas as acceptance_betas
+from .acceptance import position_logits
+from .generate import autoregressive_generate, speculative_generate, tested
+from .sampling import SamplingConfig
 from .timing import timed
 
 CALIBRATION_SEED = 10_000  # offset of the calibration runs' sampling seeds from the sweep's
@@ -42,45 +50,111 @@ class Calibration:
     draft_ms: float
     target_ms: float
     verify_steps: tuple[float, ...]  # a target forward of g+1 tokens in 1-token forwards, g = 0..G
-    alpha: float  # pooled over the calibration runs
-    lengths: dict[int, tuple[int, ...]]  # gamma -> the calibration iterations' proposal lengths (G alone for a
-    # model draft, whose proposals are gamma long but for the last iteration)
+    alpha: float  # accepted / tested over the calibration's iterations at gamma G
+    lengths: dict[int, tuple[int, ...]]  # gamma -> the calibration iterations' proposal lengths
     gamma: int  # G
+    accepted: dict[int, tuple[int, ...]] = field(default_factory=dict)  # gamma -> the iterations' accepted counts
+
+    def alpha_at(self, gamma: int) -> float:
+        """alpha of the calibration's iterations at `gamma` (accepted / tested), `alpha` where only G's are kept."""
+        if gamma not in self.accepted:
+            return self.alpha
+        tests = tested(self.accepted[gamma], self.lengths[gamma])
+        return sum(self.accepted[gamma]) / tests if tests else 0.0
+
+
+def replay(betas, gamma: int, *, rng: np.random.Generator, prefix: list[int] | None = None,
+           new: list[int] | None = None, proposal_length=None) -> list[tuple[int, int]]:
+    """The speculative loop's iterations over one continuation of the target, without running it: (proposed,
+    accepted) per iteration. `betas[t]` is the probability that the draft's proposal for new token t is accepted
+    given the target's prefix (`acceptance.betas`: 0 or 1 when greedy). An iteration at new token t proposes
+    min(gamma, tokens left - 1) (the target adds one of its own), or as far as `proposal_length(prefix + new[:t],
+    that)` reaches for a lookup draft; each proposal is accepted with its beta until the first rejection, and the
+    next iteration starts one token past the accepted ones.
+
+    Greedy, this is exactly the loop's run on the continuation (the accepted drafts are the target's own tokens).
+    Sampling, it walks the continuation's prefixes: a real run continues from the accepted draft token instead, a
+    different sample from the same target distribution."""
+    if gamma < 1:
+        raise ValueError(f"gamma must be >= 1, got {gamma}")
+    if proposal_length is not None and (prefix is None or new is None or len(new) != len(betas)):
+        raise ValueError("a lookup draft's replay needs the prompt (prefix) and the continuation (new), one token "
+                         "per beta")
+    out, t, n_new = [], 0, len(betas)
+    while t < n_new:
+        g = min(gamma, n_new - t - 1)
+        if proposal_length is not None and g > 0:
+            g = proposal_length(list(prefix) + list(new[:t]), g)
+        n = 0
+        while n < g and rng.random() < float(betas[t + n]):
+            n += 1
+        out.append((g, n))
+        t += n + 1
+    return out
 
 
 def calibrate(target, drafts: dict, prompts: list[torch.Tensor], *, gamma: int, max_new_tokens: int,
               temperature: float, cost_prompt: torch.Tensor, verify_steps: list[float], seed: int = 0,
-              eos_token_id=None, cost_tokens: int = 16, gammas=None) -> dict[str, Calibration]:
-    """Each draft's `Calibration`: c from `walltime.decode_ms_per_token` on `cost_prompt` (all models interleaved),
-    alpha and proposal lengths from speculative runs on `prompts` (the sweep must use other prompts) at `gamma`,
-    and for a draft that proposes as far as its match reaches (`proposal_length`) at each of `gammas` too.
-    `verify_steps` is the target's verification cost profile (`verify_steps`, in 1-token forwards), measured once.
-    Calibration prompt i samples with seed + CALIBRATION_SEED + i, apart from the sweep's seeds."""
+              eos_token_id=None, cost_tokens: int = 16, gammas=None, walks: int = 20) -> dict[str, Calibration]:
+    """Each draft's `Calibration`: c from `walltime.decode_ms_per_token` on `cost_prompt` (all models interleaved);
+    the proposal and accepted lengths at `gamma` and each of `gammas` from `replay` on the target's continuations
+    of `prompts` (the sweep must use other prompts): one target forward per continuation, one forward per draft.
+    Continuation i samples with seed + CALIBRATION_SEED + i, apart from the sweep's seeds; sampling, each
+    continuation is replayed `walks` times (`numpy` generator seeded from `seed`). `verify_steps` is the target's
+    verification cost profile (`verify_steps`, in 1-token forwards), measured once."""
     if len(verify_steps) < gamma + 1:
         raise ValueError(f"verify_steps covers forwards of 1..{len(verify_steps)} tokens; gamma {gamma} needs "
                          f"{gamma + 1}")
+    if not prompts:
+        raise ValueError("calibrate needs at least one calibration prompt")
+    cfg = SamplingConfig(temperature=temperature)
     ms = walltime.decode_ms_per_token({"target": target} | drafts, cost_prompt, n=cost_tokens)
-    out = {}
+    samples = []  # (prompt ids, new ids, target logits per new position)
+    for i, ids in enumerate(prompts):
+        out = autoregressive_generate(target, ids, max_new_tokens=max_new_tokens, temperature=temperature,
+                                      eos_token_id=eos_token_id,
+                                      generator=torch.Generator().manual_seed(seed + CALIBRATION_SEED + i))
+        new = out.sequences[:, ids.shape[1]:]
+        samples.append((ids, new, position_logits(target, ids, new)))
+    each = sorted(set(gammas or ()) | {gamma})
+    result = {}
     for name, draft in drafts.items():
-        each = sorted(set(gammas or ()) | {gamma}) if hasattr(draft, "proposal_length") else [gamma]
-        stats = {g: [speculative_generate(target, draft, ids, gamma=g, max_new_tokens=max_new_tokens,
-                                          temperature=temperature, eos_token_id=eos_token_id,
-                                          generator=torch.Generator().manual_seed(seed + CALIBRATION_SEED + i)).stats
-                     for i, ids in enumerate(prompts)] for g in each}
-        alpha = pooled_alpha([s for ss in stats.values() for s in ss])  # nan when no draft token was tested
-        lengths = {g: tuple(n for s in ss for n in s.proposed) for g, ss in stats.items()}
-        out[name] = Calibration(name, ms[name] / ms["target"], ms[name], ms["target"], tuple(verify_steps),
-                                0.0 if alpha != alpha else alpha, lengths, gamma)
-    return out
+        rng = np.random.default_rng(seed + CALIBRATION_SEED)
+        betas = [acceptance_betas(tl, position_logits(draft, ids, new), cfg).tolist() for ids, new, tl in samples]
+        pl = getattr(draft, "proposal_length", None)
+        iters = {g: [it for (ids, new, _), b in zip(samples, betas) for _ in range(1 if cfg.greedy else walks)
+                     for it in replay(b, g, rng=rng, prefix=ids[0].tolist(), new=new[0].tolist(), proposal_length=pl)]
+                 for g in each}
+        lengths = {g: tuple(p for p, _ in its) for g, its in iters.items()}
+        accepted = {g: tuple(n for _, n in its) for g, its in iters.items()}
+        tests = tested(accepted[gamma], lengths[gamma])
+        result[name] = Calibration(name, ms[name] / ms["target"], ms[name], ms["target"], tuple(verify_steps),
+                                   sum(accepted[gamma]) / tests if tests else 0.0, lengths, gamma, accepted)
+    return result
 
 
 def predict(cal: Calibration, gamma: int) -> float:
-    """The speedup at `gamma` predicted from the calibration alone (costs in target steps, so drift cancels)."""
+    """The speedup at `gamma` predicted from the calibration alone (costs in target steps, so drift cancels):
+    Thm 3.8 at the calibration's alpha and proposal lengths for that gamma."""
     if not 1 <= gamma <= cal.gamma:
         raise ValueError(f"the calibration covers gamma 1..{cal.gamma}, got {gamma}")
     lengths = list(cal.lengths[gamma]) if gamma in cal.lengths else [min(g, gamma) for g in cal.lengths[cal.gamma]]
-    return walltime.predicted_speedup_in_steps(cal.alpha, gamma, ar_ms_per_token=1.0, draft_ms_per_token=cal.c,
-                                               verify_steps=list(cal.verify_steps), lengths=lengths)
+    return walltime.predicted_speedup_in_steps(cal.alpha_at(gamma), gamma, ar_ms_per_token=1.0,
+                                               draft_ms_per_token=cal.c, verify_steps=list(cal.verify_steps),
+                                               lengths=lengths)
+
+
+def predict_replay(cal: Calibration, gamma: int) -> float:
+    """The speedup at `gamma` from the calibration's replayed iterations themselves, without Eq. 1: tokens
+    sum(accepted + 1) over cost sum(proposed * c + verify_steps[proposed]), in target steps. nan where the
+    calibration kept no iterations at that gamma."""
+    if not 1 <= gamma <= cal.gamma:
+        raise ValueError(f"the calibration covers gamma 1..{cal.gamma}, got {gamma}")
+    if gamma not in cal.accepted or not cal.accepted[gamma]:
+        return float("nan")
+    tokens = sum(n + 1 for n in cal.accepted[gamma])
+    steps = sum(g * cal.c + cal.verify_steps[g] for g in cal.lengths[gamma])
+    return tokens / steps
 
 
 @dataclass
@@ -250,6 +324,7 @@ def cells(runs: list[SweepRun], calibration: dict[str, Calibration], *, seed: in
                              / max(1, sum(len(r.accepted) for r in rs)),
                              c_in_run=in_run_c(ar + rs), c=cal.c if cal else float("nan"),
                              predicted_speedup=predict(cal, g) if cal else float("nan"),
+                             predicted_replay=predict_replay(cal, g) if cal else float("nan"),
                              fit_p_value=fit.get("p_value", float("nan")), lag_correlation=lag_correlation(rs)))
     return rows
 
@@ -268,11 +343,12 @@ def table2(cell_rows: list[dict], calibration: dict[str, Calibration], params: d
         measured_at_pred = next(r for r in rows if r["gamma"] == gamma_pred)
         out.append(dict(draft=name, params=params.get(name, 0), c=cal.c, c_in_run=best["c_in_run"],
                         alpha=best["alpha"], alpha_lo=best["alpha_lo"], alpha_hi=best["alpha_hi"],
-                        alpha_calibration=cal.alpha, gamma_opt=best["gamma"], speedup=best["speedup"],
+                        alpha_calibration=cal.alpha_at(best["gamma"]), gamma_opt=best["gamma"], speedup=best["speedup"],
                         speedup_lo=best["speedup_lo"], speedup_hi=best["speedup_hi"], gamma_pred=gamma_pred,
                         predicted_speedup=predict(cal, gamma_pred),
                         measured_at_gamma_pred=measured_at_pred["speedup"],
                         predicted_at_best=predict(cal, best["gamma"]),
+                        predicted_replay=predict_replay(cal, gamma_pred),
                         prediction_error=predict(cal, gamma_pred) / measured_at_pred["speedup"] - 1,
                         n_prompts=best["n_prompts"]))
     return out
