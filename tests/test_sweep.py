@@ -65,26 +65,29 @@ def _greedy_continuation(target, ids, n):
 
 
 @pytest.mark.parametrize("lookup", [False, True])
-def test_greedy_replay_is_the_loops_own_run(lookup):
-    """Greedy, the replay over the target's continuation gives the loop's iterations exactly, model or lookup."""
-    from specrepro.acceptance import betas, position_logits
+@pytest.mark.parametrize("with_eos", [False, True])
+def test_greedy_replay_is_the_loops_own_run(lookup, with_eos):
+    """Greedy, the replay over the target's continuation gives the loop's iterations exactly, model or lookup, also
+    when EOS ends the run early (the loop tests drafts past EOS before it cuts them)."""
+    from specrepro.acceptance import position_logits
     from specrepro.drafts import PromptLookupDraft
     from specrepro.generate import speculative_generate
-    from specrepro.sampling import SamplingConfig
 
     target, draft = tiny_pair(16, dtype=torch.float32)
     draft = PromptLookupDraft(16) if lookup else draft
-    cfg = SamplingConfig(temperature=0)
     for i in range(3):
         ids = torch.randint(16, (1, 6), generator=torch.Generator().manual_seed(i))
         new = _greedy_continuation(target, ids, 20)
-        b = betas(position_logits(target, ids, new), position_logits(draft, ids, new), cfg).tolist()
+        eos = int(new[0, 9]) if with_eos else None
+        end = next((j + 1 for j, t in enumerate(new[0].tolist()) if t == eos), 20)
+        b = (position_logits(draft, ids, new).argmax(-1) == new[0]).double().tolist()
         for gamma in (1, 3, 5):
-            its = S.replay(b, gamma, rng=np.random.default_rng(0), prefix=ids[0].tolist(), new=new[0].tolist(),
-                           proposal_length=getattr(draft, "proposal_length", None))
-            st = speculative_generate(target, draft, ids, gamma=gamma, max_new_tokens=20, temperature=0).stats
+            its = S.replay(b, gamma, rng=np.random.default_rng(0), end=end, prefix=ids[0].tolist(),
+                           new=new[0].tolist(), proposal_length=getattr(draft, "proposal_length", None))
+            st = speculative_generate(target, draft, ids, gamma=gamma, max_new_tokens=20, temperature=0,
+                                      eos_token_id=eos).stats
             assert [p for p, _ in its] == list(st.proposed) and [n for _, n in its] == list(st.accepted)
-            assert sum(n + 1 for _, n in its) == 20
+            assert min(sum(n + 1 for _, n in its), end) == st.new_tokens == end
 
 
 def test_sampled_replay_follows_eq1_when_betas_are_constant():
@@ -96,8 +99,13 @@ def test_sampled_replay_follows_eq1_when_betas_are_constant():
     assert S.replay([0.0] * 3, 2, rng=rng) == [(2, 0), (1, 0), (0, 0)]
     with pytest.raises(ValueError, match="gamma must be >= 1"):
         S.replay([0.5], 0, rng=rng)
+    assert S.replay([1.0] * 10, 3, rng=rng, end=2) == [(3, 3)]  # EOS at the 2nd token: drafts past it are tested
     with pytest.raises(ValueError, match="needs the prompt"):
         S.replay([0.5], 2, rng=rng, proposal_length=lambda tokens, g: g)
+    with pytest.raises(ValueError, match="end must be in 1..3"):
+        S.replay([0.5] * 3, 2, rng=rng, end=4)
+    with pytest.raises(ValueError, match="proposal_length returned 5"):
+        S.replay([0.5] * 3, 2, rng=rng, prefix=[1], new=[1, 2, 3], proposal_length=lambda tokens, g: 5)
 
 
 def test_predict_replay_counts_tokens_over_steps():

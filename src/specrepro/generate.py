@@ -139,7 +139,8 @@ def check_same_vocab(target, draft) -> None:
             "the target's model family (or one trained on its tokenizer).")
 
 
-def _eos_set(eos_token_id: int | Sequence[int] | None) -> set[int]:
+def eos_set(eos_token_id: int | Sequence[int] | None) -> set[int]:
+    """The end-of-sequence ids as a set: none, one id, or several."""
     if eos_token_id is None:
         return set()
     return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id}
@@ -187,7 +188,8 @@ def _check_request(rows: list[list[int]], max_new_tokens: int, eos: set[int], pa
                          "tokenizer.pad_token_id) to fill them up")
 
 
-def _checked_length(n, gamma: int) -> int:
+def checked_length(n, gamma: int) -> int:
+    """A draft's `proposal_length` answer, checked: an integer in [0, gamma]."""
     if not _is_int(n) or not 0 <= n <= gamma:
         raise ValueError(f"the draft's proposal_length returned {n!r}; it must be an integer in [0, {gamma}]")
     return n
@@ -290,7 +292,7 @@ def _draft_lengths(draft, seqs, new, gamma: int, max_new_tokens: int) -> list[in
     proposal_length = getattr(draft, "proposal_length", None)
     if proposal_length is None:
         return lengths
-    return [_checked_length(proposal_length(seq, g), g) if g > 0 else 0 for seq, g in zip(seqs, lengths)]
+    return [checked_length(proposal_length(seq, g), g) if g > 0 else 0 for seq, g in zip(seqs, lengths)]
 
 
 def decode(target, draft, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *, gamma: int,
@@ -389,7 +391,7 @@ def autoregressive_generate(model, input_ids: torch.Tensor, *, max_new_tokens: i
     """
     cfg = SamplingConfig(temperature, top_k, top_p)
     return decode(model, None, input_ids, attention_mask, gamma=0, max_new_tokens=max_new_tokens, cfg=cfg,
-                  eos=_eos_set(eos_token_id), generator=generator, pad_token_id=pad_token_id,
+                  eos=eos_set(eos_token_id), generator=generator, pad_token_id=pad_token_id,
                   check_invariants=check_invariants,
                   cached_model=_cached_model(compile, input_ids, max_new_tokens, block=1))
 
@@ -430,7 +432,7 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int, 
         raise ValueError(f"gamma (draft tokens per iteration) must be an integer >= 1, got {gamma!r}")
     check_same_vocab(target, draft)
     return decode(target, draft, input_ids, attention_mask, gamma=gamma, max_new_tokens=max_new_tokens, cfg=cfg,
-                  eos=_eos_set(eos_token_id), generator=generator, pad_token_id=pad_token_id,
+                  eos=eos_set(eos_token_id), generator=generator, pad_token_id=pad_token_id,
                   check_invariants=check_invariants,
                   cached_model=_cached_model(compile, input_ids, max_new_tokens, block=gamma + 1))
 

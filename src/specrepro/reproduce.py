@@ -45,7 +45,7 @@ QUICK: dict[str, dict[str, Any]] = {
                         greedy_prompts=8, greedy_tokens=24),
     "05-batch": dict(n_prompts=8, max_new_tokens=24, batch_sizes=[1, 2, 8], control_batch_sizes=[2, 8]),
     "06-draft-sweep": dict(ladder=["lens-1", "lens-4", "lens-16"], others=["prompt-lookup"], gammas=[1, 3],
-                           temperatures=[0.0], n_prompts=3, n_calibration=1, max_new_tokens=16, calibration_tokens=16,
+                           temperatures=[0.0], n_prompts=3, n_calibration=1, max_new_tokens=16,
                            cost_tokens=4, one_thread_prompts=1, one_thread_gammas=[1]),
     "07-regime": dict(n_prompts=3, repeats=1, max_new_tokens=24, configs=["stock", "compiled"], compile_mode="default",
                       widths=[1, 4], sweep_gammas=[3], sweep_prompts=2),

@@ -6,9 +6,11 @@ token over the target's, interleaved) and, given the target's verification cost 
 forwards, `verify_steps`), the draft's acceptance on the target's own continuations of the calibration prompts: one
 forward of each model gives every position's acceptance probability beta (`acceptance.betas`, Leviathan Def. 3.1),
 and `replay` walks the speculative loop's iterations over those positions at every gamma (which proposals are
-made, how many are accepted) without running it. From these alone `predict` gives every gamma's speedup
-(`walltime.predicted_speedup_in_steps`, Thm 3.8 with measured costs): an out-of-sample prediction. `predict_replay`
-is the same prediction without Eq. 1's i.i.d. assumption (the replayed iterations' tokens over their costs). The
+made, how many are accepted) without running it: greedy, exactly the loop's run; sampling, an approximation
+(`replay`). From these alone `predict` gives every gamma's speedup (`walltime.predicted_speedup_in_steps`, Thm 3.8
+with measured costs): an out-of-sample prediction. `predict_replay` counts the replayed iterations' tokens over
+their costs instead: greedy, it needs no part of Eq. 1's i.i.d. assumption; sampling, it keeps how beta varies along
+the path but not how one acceptance changes the next position's beta. The
 *sweep* (`sweep`) then measures every (draft, gamma) on other prompts, interleaved per prompt with autoregressive
 decoding, and `cells`/`table2` set the measured speedup (pooled, 95% bootstrap interval over prompts) beside the
 predictions.
@@ -34,7 +36,7 @@ import torch
 from . import bench, intervals, walltime
 from .acceptance import betas as acceptance_betas
 from .acceptance import position_logits
-from .generate import autoregressive_generate, speculative_generate, tested
+from .generate import autoregressive_generate, checked_length, eos_set, speculative_generate, tested
 from .sampling import SamplingConfig
 from .timing import timed
 
@@ -63,28 +65,38 @@ class Calibration:
         return sum(self.accepted[gamma]) / tests if tests else 0.0
 
 
-def replay(betas, gamma: int, *, rng: np.random.Generator, prefix: list[int] | None = None,
+def replay(betas, gamma: int, *, rng: np.random.Generator, end: int | None = None, prefix: list[int] | None = None,
            new: list[int] | None = None, proposal_length=None) -> list[tuple[int, int]]:
     """The speculative loop's iterations over one continuation of the target, without running it: (proposed,
-    accepted) per iteration. `betas[t]` is the probability that the draft's proposal for new token t is accepted
-    given the target's prefix (`acceptance.betas`: 0 or 1 when greedy). An iteration at new token t proposes
-    min(gamma, tokens left - 1) (the target adds one of its own), or as far as `proposal_length(prefix + new[:t],
-    that)` reaches for a lookup draft; each proposal is accepted with its beta until the first rejection, and the
-    next iteration starts one token past the accepted ones.
+    accepted) per iteration. The continuation runs to the run's max_new_tokens (= len(betas)) without stopping at
+    EOS; `end` is how many of its tokens the run keeps (first EOS + 1; default all). `betas[t]` is the probability
+    that the draft's proposal for new token t is accepted given the continuation's prefix (greedy: 1 where the
+    draft's argmax is the continuation's token, else 0). As in `generate.decode`, an iteration at new token t
+    proposes min(gamma, len(betas) - t - 1) (the target adds one of its own), or as far as `proposal_length(prefix +
+    new[:t], that)` reaches for a lookup draft, tests its proposals in order until the first rejection (past EOS
+    too: the loop cuts the tokens after testing them), and the next iteration starts one token past the accepted
+    ones; the walk ends at `end`.
 
-    Greedy, this is exactly the loop's run on the continuation (the accepted drafts are the target's own tokens).
-    Sampling, it walks the continuation's prefixes: a real run continues from the accepted draft token instead, a
-    different sample from the same target distribution."""
+    Greedy, this is exactly the loop's run on the continuation (accepted drafts are the target's own tokens).
+    Sampling, it is an approximation: it walks the continuation's prefixes, a path drawn from p, and flips an
+    independent coin with each beta, where a real run continues from the accepted draft token (drawn from
+    min(p, q) / beta) or the residual (p - q)+ / (1 - beta), so the next position's beta depends on the previous
+    acceptance. Runs of acceptances that come from that dependence are lost; those that come from the path's
+    prefixes (a repeated passage the draft copies) are kept."""
     if gamma < 1:
         raise ValueError(f"gamma must be >= 1, got {gamma}")
     if proposal_length is not None and (prefix is None or new is None or len(new) != len(betas)):
         raise ValueError("a lookup draft's replay needs the prompt (prefix) and the continuation (new), one token "
                          "per beta")
-    out, t, n_new = [], 0, len(betas)
-    while t < n_new:
-        g = min(gamma, n_new - t - 1)
+    n_max = len(betas)
+    end = n_max if end is None else end
+    if not 0 < end <= n_max:
+        raise ValueError(f"end must be in 1..{n_max} (the continuation's length), got {end}")
+    out, t = [], 0
+    while t < end:
+        g = min(gamma, n_max - t - 1)
         if proposal_length is not None and g > 0:
-            g = proposal_length(list(prefix) + list(new[:t]), g)
+            g = checked_length(proposal_length(list(prefix) + list(new[:t]), g), g)
         n = 0
         while n < g and rng.random() < float(betas[t + n]):
             n += 1
@@ -98,33 +110,44 @@ def calibrate(target, drafts: dict, prompts: list[torch.Tensor], *, gamma: int, 
               eos_token_id=None, cost_tokens: int = 16, gammas=None, walks: int = 20) -> dict[str, Calibration]:
     """Each draft's `Calibration`: c from `walltime.decode_ms_per_token` on `cost_prompt` (all models interleaved);
     the proposal and accepted lengths at `gamma` and each of `gammas` from `replay` on the target's continuations
-    of `prompts` (the sweep must use other prompts): one target forward per continuation, one forward per draft.
-    Continuation i samples with seed + CALIBRATION_SEED + i, apart from the sweep's seeds; sampling, each
-    continuation is replayed `walks` times (`numpy` generator seeded from `seed`). `verify_steps` is the target's
-    verification cost profile (`verify_steps`, in 1-token forwards), measured once."""
+    of `prompts` (the sweep must use other prompts) at the sweep's `max_new_tokens`: one target forward per
+    continuation (none when greedy), one forward per draft. Each continuation's first iteration is left out, as
+    the sweep's decode times leave it out. Continuation i samples with seed + CALIBRATION_SEED + i, apart from the
+    sweep's seeds; sampling, each continuation is replayed `walks` times (`numpy` generator seeded from `seed`: more
+    coin flips on the same prefixes, not more prefixes). `verify_steps` is the target's verification cost profile
+    (`verify_steps`, in 1-token forwards), measured once."""
     if len(verify_steps) < gamma + 1:
         raise ValueError(f"verify_steps covers forwards of 1..{len(verify_steps)} tokens; gamma {gamma} needs "
                          f"{gamma + 1}")
     if not prompts:
         raise ValueError("calibrate needs at least one calibration prompt")
     cfg = SamplingConfig(temperature=temperature)
+    eos = eos_set(eos_token_id)
     ms = walltime.decode_ms_per_token({"target": target} | drafts, cost_prompt, n=cost_tokens)
-    samples = []  # (prompt ids, new ids, target logits per new position)
+    samples = []  # (prompt ids, new ids to max_new_tokens, tokens kept, target logits per new position or None)
     for i, ids in enumerate(prompts):
         out = autoregressive_generate(target, ids, max_new_tokens=max_new_tokens, temperature=temperature,
-                                      eos_token_id=eos_token_id,
                                       generator=torch.Generator().manual_seed(seed + CALIBRATION_SEED + i))
         new = out.sequences[:, ids.shape[1]:]
-        samples.append((ids, new, position_logits(target, ids, new)))
+        end = next((j + 1 for j, tok in enumerate(new[0].tolist()) if tok in eos), new.shape[1])
+        samples.append((ids, new, end, None if cfg.greedy else position_logits(target, ids, new)))
     each = sorted(set(gammas or ()) | {gamma})
     result = {}
     for name, draft in drafts.items():
         rng = np.random.default_rng(seed + CALIBRATION_SEED)
-        betas = [acceptance_betas(tl, position_logits(draft, ids, new), cfg).tolist() for ids, new, tl in samples]
+        betas = []
+        for ids, new, _, tl in samples:
+            dl = position_logits(draft, ids, new)
+            betas.append((dl.argmax(-1) == new[0]).double().tolist() if cfg.greedy
+                         else acceptance_betas(tl, dl, cfg).tolist())
         pl = getattr(draft, "proposal_length", None)
-        iters = {g: [it for (ids, new, _), b in zip(samples, betas) for _ in range(1 if cfg.greedy else walks)
-                     for it in replay(b, g, rng=rng, prefix=ids[0].tolist(), new=new[0].tolist(), proposal_length=pl)]
+        iters = {g: [it for (ids, new, end, _), b in zip(samples, betas) for _ in range(1 if cfg.greedy else walks)
+                     for it in replay(b, g, rng=rng, end=end, prefix=ids[0].tolist(), new=new[0].tolist(),
+                                      proposal_length=pl)[1:]]  # the first iteration holds the prefill
                  for g in each}
+        if not iters[gamma]:
+            raise ValueError("every calibration continuation ended in its first iteration (EOS at once): use more "
+                             "calibration prompts or other ones")
         lengths = {g: tuple(p for p, _ in its) for g, its in iters.items()}
         accepted = {g: tuple(n for _, n in its) for g, its in iters.items()}
         tests = tested(accepted[gamma], lengths[gamma])
