@@ -68,6 +68,8 @@ def test_draft_size_reads_the_ladder_sweep_when_it_ran(tmp_path):
                                                              "ladder is reliably faster than autoregressive decoding "
                                                              "in every setting")
     assert "lens-1 0.90x [0.85, 0.95]" in ours and "0.20/0.30" in ours and "lens-1/lens-2" in ours
+    res["06-draft-sweep"]["metrics"] |= dict(prediction_within_10pct="1/2", prediction_median_abs_error=0.12)
+    assert summary.ROWS["draft_size"][1](res)[0].endswith("within 10% for 1/2 ladder rows (median |error| 12.0%)")
     res["06-draft-sweep"]["metrics"]["verdicts"]["code_T0"] |= dict(smallest_wins=False, winner="lens-2")
     assert summary.ROWS["draft_size"][1](res)[1].startswith("partly: alpha rises from lens-1 to lens-2")
     res["06-draft-sweep"]["table2"].loc[1, "alpha"] = 0.1  # the larger draft agrees less: size buys no accuracy

@@ -143,6 +143,9 @@ def _ladder(r06):
     rises = sum(float(g.set_index("draft").alpha[names[-1]]) > float(g.set_index("draft").alpha[names[0]])
                 for _, g in lad.groupby(["task", "temperature"]))
     ours = (f"ladder {'/'.join(names)} ({r06['metrics']['n_prompts']} prompts per task): " + "; ".join(parts))
+    if r06["metrics"].get("prediction_within_10pct"):  # the out-of-sample prediction (Thm 3.8, calibration apart)
+        ours += (f"; predicted before measured within 10% for {r06['metrics']['prediction_within_10pct']} ladder "
+                 f"rows (median |error| {r06['metrics']['prediction_median_abs_error']:.1%})")
     if rises < len(verdicts):
         verdict = (f"not testable where alpha does not rise with size (largest above smallest in {rises} of "
                    f"{len(verdicts)} settings)")
