@@ -61,8 +61,13 @@ class Calibration:
         """alpha of the calibration's iterations at `gamma` (accepted / tested), `alpha` where only G's are kept."""
         if gamma not in self.accepted:
             return self.alpha
-        tests = tested(self.accepted[gamma], self.lengths[gamma])
-        return sum(self.accepted[gamma]) / tests if tests else 0.0
+        return _alpha(self.accepted[gamma], self.lengths[gamma])
+
+
+def _alpha(accepted, proposed) -> float:
+    """accepted / tested over iterations (`generate.tested`), 0 when no draft token was tested."""
+    tests = tested(accepted, proposed)
+    return sum(accepted) / tests if tests else 0.0
 
 
 def replay(betas, gamma: int, *, rng: np.random.Generator, end: int | None = None, prefix: list[int] | None = None,
@@ -150,9 +155,8 @@ def calibrate(target, drafts: dict, prompts: list[torch.Tensor], *, gamma: int, 
                              "calibration prompts or other ones")
         lengths = {g: tuple(p for p, _ in its) for g, its in iters.items()}
         accepted = {g: tuple(n for _, n in its) for g, its in iters.items()}
-        tests = tested(accepted[gamma], lengths[gamma])
         result[name] = Calibration(name, ms[name] / ms["target"], ms[name], ms["target"], tuple(verify_steps),
-                                   sum(accepted[gamma]) / tests if tests else 0.0, lengths, gamma, accepted)
+                                   _alpha(accepted[gamma], lengths[gamma]), lengths, gamma, accepted)
     return result
 
 
