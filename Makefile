@@ -39,9 +39,9 @@ test: lint $(CFF_WHEEL)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-## Execute every notebook in order into outputs/NN-name/, skipping those whose inputs are unchanged (FORCE=1: all)
+## Run the notebooks in order into outputs/NN-name/, skipping unchanged ones (FORCE=1: all; NOTEBOOKS="05-batch": only)
 reproduce: $(STAMP)
-	$(PY) -m specrepro.reproduce $(if $(FORCE),--force)
+	$(PY) -m specrepro.reproduce $(if $(FORCE),--force) $(NOTEBOOKS)
 
 ## Check the whole chain on reduced prompts and grids into outputs/quick/ (git-ignored; not the published numbers)
 reproduce-quick: $(STAMP)
