@@ -202,3 +202,20 @@ def test_batched_prompt_lookup_equals_each_row_alone(pair64, gamma):
         assert row_new_tokens(greedy, mask, b) == ref.sequences[0, len(prompt):].tolist()
         ref = speculative_generate(target, lookup, x, gamma=gamma, generator=torch.Generator().manual_seed(b), **kw)
         assert row_new_tokens(sampled, mask, b) == ref.sequences[0, len(prompt):].tolist()
+
+
+def test_speedup_interval_of_one_batch_has_no_bounds():
+    from types import SimpleNamespace
+
+    from specrepro.batching import BatchedRun, speedup_interval
+
+    def run(method, seconds, tokens):
+        results = [SimpleNamespace(stats=SimpleNamespace(iteration_seconds=[s / 2, s / 2], new_tokens=t), rows=[0, 1])
+                   for s, t in zip(seconds, tokens)]
+        return BatchedRun(method, 2, [[1]] * 2 * len(seconds), results)
+
+    one = speedup_interval(run("autoregressive", [2.0], [10]), run("speculative", [1.0], [10]))
+    assert one.estimate == pytest.approx(2.0) and one.n_units == 1
+    assert np.isnan(one.lo) and np.isnan(one.hi)
+    two = speedup_interval(run("autoregressive", [2.0, 3.0], [10, 10]), run("speculative", [1.0, 2.0], [10, 10]))
+    assert two.n_units == 2 and 1.5 - 1e-9 <= two.lo < two.hi <= 2.0 + 1e-9
