@@ -51,7 +51,7 @@ reproduce-quick: $(STAMP)
 drafts: $(STAMP)
 	$(PY) -m specrepro.pipeline notebooks/00-train-drafts.ipynb -p train_drafts=true
 
-## Train the ladder of tuned-lens drafts lens-1..lens-16 for 06 (~20 minutes on 2 CPU cores: answers, then lenses)
+## Train the ladder of tuned-lens drafts lens-0..lens-16 for 06 (~20 minutes on 2 CPU cores: answers, then lenses)
 ladder: $(STAMP)
 	$(PY) -m specrepro.ladder
 

@@ -66,8 +66,32 @@ def test_lens_draft_decodes_in_the_loops_and_round_trips(target, tmp_path):
     assert back.layers == 2 and back.kept.tolist() == _kept().tolist()
 
 
+def test_the_zero_layer_lens_reads_the_embedding_and_needs_no_kv_cache(target, tmp_path):
+    draft = LensDraft(target, 0, _kept())
+    with torch.no_grad():
+        draft.lens.weight.normal_(0, 0.1, generator=torch.Generator().manual_seed(5))
+    tokens = torch.randint(0, 400, (2, 9), generator=torch.Generator().manual_seed(6))
+    streams = L.residual_streams(target, tokens, torch.ones(2, 9, dtype=torch.bool), (0,))
+    torch.testing.assert_close(streams[0], target.get_input_embeddings()(tokens).flatten(0, 1))
+    # the logits at a position depend on its token alone: fed whole or one token at a time (with its cache), alike
+    whole = draft(tokens).logits  # (2, 9, V)
+    cache = draft.make_cache()
+    last = [draft(tokens[:, t:t + 1], cache=cache, logits_to_keep=1).logits for t in range(9)]
+    torch.testing.assert_close(torch.cat(last, 1), whole)
+    assert cache.get_seq_length() == 9 and draft.weights_read() == 16 * 16 + 201 * 16
+    # in the loops: greedy speculative decoding is the target's greedy text, one row or a ragged batch
+    prompts = torch.tensor([[2, 4, 6, 8, 10], [0, 0, 3, 5, 7]])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    ar = autoregressive_generate(target, prompts, attention_mask=mask, max_new_tokens=10, temperature=0)
+    sd = speculative_generate(target, draft, prompts, attention_mask=mask, gamma=3, max_new_tokens=10,
+                              temperature=0, check_invariants=True)
+    assert sd.sequences.tolist() == ar.sequences.tolist() and sd.stats.draft_calls > 0
+    save_lens(tmp_path / "lens-0", draft, {"name": "lens-0"})
+    assert load_lens(tmp_path / "lens-0", target).layers == 0
+
+
 def test_bad_ladder_inputs_are_refused(target):
-    with pytest.raises(ValueError, match="layers must be in 1..2"):
+    with pytest.raises(ValueError, match="layers must be in 0..2"):
         LensDraft(target, 3, _kept())
     with pytest.raises(ValueError, match="cut head keeps"):
         LensDraft(target, 1, torch.arange(TARGET_VOCAB))

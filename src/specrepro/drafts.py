@@ -211,7 +211,7 @@ def save_early_exit(folder: Path, model, layers: int, manifest: dict) -> None:
 # ---- the zero-cost draft: prompt lookup ------------------------------------------------------------------------
 
 
-class _TokenCache:
+class TokenCache:
     """Duck-types the part of a transformers Cache the decoding loops use (a length, crop(), batch_select_indices())
     and holds the token of every slot of every row. Which slots are real (not padding, not a rejected draft) comes
     with each forward's attention mask, as it does for a transformer."""
@@ -268,8 +268,8 @@ class PromptLookupDraft(nn.Module):
         self.config = _LookupConfig(vocab_size, max_ngram, min_ngram)
         self._device_anchor = nn.Parameter(torch.zeros(()), requires_grad=False)
 
-    def make_cache(self) -> _TokenCache:
-        return _TokenCache()
+    def make_cache(self) -> TokenCache:
+        return TokenCache()
 
     def get_output_embeddings(self):
         return None
@@ -299,7 +299,7 @@ class PromptLookupDraft(nn.Module):
             tokens.append(found)
         return gamma
 
-    def forward(self, input_ids: torch.Tensor, cache: _TokenCache | None = None, logits_to_keep: int = 1,
+    def forward(self, input_ids: torch.Tensor, cache: TokenCache | None = None, logits_to_keep: int = 1,
                 attention_mask: torch.Tensor | None = None, **_):
         """One-hot logits (B, logits_to_keep, V) for the block's last positions. `attention_mask` (B, slots), as
         the batched loop passes it, marks each row's real slots; padding and rejected drafts are skipped."""
@@ -330,7 +330,7 @@ def save_prompt_lookup(folder: Path, max_ngram: int, manifest: dict, min_ngram: 
 # ---- lookup first, a small draft otherwise --------------------------------------------------------------------
 
 
-class _HybridCache(_TokenCache):
+class _HybridCache(TokenCache):
     """The tokens seen (for the lookup) and the inner model's KV cache, which may lag behind them."""
 
     def __init__(self, inner):

@@ -1,4 +1,4 @@
-"""A ladder of drafts whose size buys accuracy: tuned-lens drafts of the target's first k layers, k = 1..16.
+"""A ladder of drafts whose size buys accuracy: tuned-lens drafts of the target's first k layers, k = 0..16.
 
 Leviathan et al. 2022 (arXiv 2211.17192, Sec. 4) drafted an 11B T5 with T5-small, -base and -large and found the
 smallest won. A larger draft of one kind can be expected to agree more (alpha up) but costs more (c up), and the
@@ -6,7 +6,8 @@ speedup of Thm 3.8 trades the two. Testing that needs drafts of one kind whose a
 (`specrepro.lens.LensDraft`) is the target's own embedding and first k layers, frozen, read out by a tuned lens
 (Belrose et al. 2023, arXiv 2303.08112) over a cut vocabulary; the early-exit drafts of Draft & Verify (Zhang et
 al. 2023, arXiv 2309.08168) and LayerSkip (Elhoushi et al. 2024, arXiv 2404.16710) read out the same stream. Its
-cost grows linearly with k; its agreement with the target rises with k (k = 30 would be the target itself).
+cost grows linearly with k; its agreement with the target rises with k (k = 30 would be the target itself). Draft 0
+reads out the token's embedding alone (a bigram model) and keeps half the ids in its cut head, the cheapest rung.
 
 Training is distillation on the target's own answers (`distill.target_answers`, on-policy as for the small
 drafts): the target's residual stream after layer k at every answer position, against its top-k next-token
@@ -29,7 +30,8 @@ from .drafts import cut_vocabulary, full_to_cut
 from .lens import LensDraft, save_lens
 from .train import TrainConfig, distillation_loss, lr_at
 
-LAYERS = (1, 2, 4, 8, 16)  # the shipped ladder: lens-1 .. lens-16
+LAYERS = (0, 1, 2, 4, 8, 16)  # the shipped ladder: lens-0 .. lens-16
+KEEP = {0: 4095}  # ids of the cut head where not LadderConfig.keep: lens-0 is cheap only with a small head
 
 
 def name(layers: int) -> str:
@@ -147,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, nargs="+", default=list(LAYERS))
     ap.add_argument("--epochs", type=float, default=LadderConfig.train.epochs)
+    ap.add_argument("--keep", type=int, default=None,
+                    help=f"ids of the cut head (default: {LadderConfig.keep}, or as KEEP says for the layers given)")
     ap.add_argument("--n-code", type=int, default=768)
     ap.add_argument("--n-text", type=int, default=288)
     args = ap.parse_args(argv)
@@ -154,8 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     dcfg = distill.DistillConfig(n_code=args.n_code, n_text=args.n_text, max_new_tokens=128, context=384)
     labels = distill.target_answers(target, tokenizer, dcfg, target_id=models.GGUF_SHA256)
     train = TrainConfig(**asdict(LadderConfig.train) | {"epochs": args.epochs})
-    cfg = LadderConfig(layers=tuple(args.layers), train=train)
-    build_ladder(target, labels, cfg, target_id=models.GGUF_SHA256)
+    groups: dict[int, list[int]] = {}  # one cut head per distinct keep
+    for k in args.layers:
+        groups.setdefault(args.keep or KEEP.get(k, LadderConfig.keep), []).append(k)
+    for keep, layers in groups.items():
+        build_ladder(target, labels, LadderConfig(layers=tuple(layers), keep=keep, train=train),
+                     target_id=models.GGUF_SHA256)
     return 0
 
 

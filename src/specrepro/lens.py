@@ -11,6 +11,10 @@ unseen id gets the catch-all's logit minus log(#unseen), so together they carry 
 the catch-all). The cut head keeps a 1-layer draft cheap: the full 49,152-row head alone reads 28M of the target's
 135M weights per token. Stored (bf16): A, b, w and the bias, 0.34M numbers per draft, and the kept ids; the rest is
 copied from the target at load time (`drafts.early_exit`).
+
+k = 0 is the cheapest rung: h_0 is the token's embedding, so the draft is a bigram model (next token from the
+current one alone) with no attention and no KV cache. Its forward embeds only the tokens it is fed, and its cache
+(`drafts.TokenCache`, the prompt-lookup draft's) only counts them, so the loops' rollback works unchanged.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import torch
 from torch import nn
 
 from . import paths
-from .drafts import TARGET_VOCAB, early_exit, full_to_cut, read_manifest, write_manifest
+from .drafts import TARGET_VOCAB, TokenCache, early_exit, full_to_cut, read_manifest, write_manifest
 
 
 @dataclass
@@ -39,8 +43,8 @@ class LensDraft(nn.Module):
     def __init__(self, target, layers: int, kept: torch.Tensor):
         super().__init__()
         n = target.config.num_hidden_layers
-        if not 1 <= layers < n:
-            raise ValueError(f"layers must be in 1..{n - 1} (the target has {n}), got {layers}")
+        if not 0 <= layers < n:
+            raise ValueError(f"layers must be in 0..{n - 1} (the target has {n}), got {layers}")
         self.body = early_exit(target, layers).model  # the target's embedding, first `layers` layers, final norm
         config = self.body.config
         self.final_norm = self.body.norm  # the target's final RMSNorm, applied after the lens (w is trained)
@@ -66,6 +70,8 @@ class LensDraft(nn.Module):
         offset = torch.zeros(TARGET_VOCAB)
         offset[unseen] = -math.log(int(unseen.sum()))
         self.register_buffer("offset", offset)  # (V,)
+        if layers == 0:  # no attention: a cache that only counts the tokens fed (kvcache.make_cache uses it)
+            self.make_cache = TokenCache
 
     def trainable(self) -> dict[str, torch.Tensor]:
         """The tensors trained and stored: A, b, the norm's w and the cut head's bias."""
@@ -90,8 +96,13 @@ class LensDraft(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, cache=None, use_cache: bool = True, logits_to_keep: int = 0,
                 attention_mask=None, position_ids=None, **_):
-        h = self.body(input_ids=input_ids, cache=cache, use_cache=use_cache,
-                      attention_mask=attention_mask, position_ids=position_ids).last_hidden_state  # (B, T, d)
+        if self.layers == 0:  # h_0 = embed(x): only the new tokens are needed; the cache records them
+            if cache is not None:
+                cache.extend(input_ids.tolist())
+            h = self.body.embed_tokens(input_ids if not logits_to_keep else input_ids[:, -logits_to_keep:])
+        else:
+            h = self.body(input_ids=input_ids, cache=cache, use_cache=use_cache,
+                          attention_mask=attention_mask, position_ids=position_ids).last_hidden_state  # (B, T, d)
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
         return _Out(self.full_logits(self.cut_logits(h)))
