@@ -63,14 +63,20 @@ def test_draft_size_reads_the_ladder_sweep_when_it_ran(tmp_path):
     res = summary.results(tmp_path)
     res["03-latency"] = {}  # 06 answers the claim; 03's family sweep is not read
     ours, verdict_text, notebook = summary.ROWS["draft_size"][1](res)
-    assert notebook == "06-draft-sweep" and verdict_text == ("reproduces: the smallest draft wins everywhere, its "
-                                                             "interval clear of the runner-up's; and no draft of the "
+    assert notebook == "06-draft-sweep" and verdict_text == ("reproduces: the smallest draft wins everywhere, "
+                                                             "reliably faster than the runner-up; and no draft of the "
                                                              "ladder is reliably faster than autoregressive decoding "
                                                              "in every setting")
     assert "lens-1 0.90x [0.85, 0.95]" in ours and "0.20/0.30" in ours and "lens-1/lens-2" in ours
     res["06-draft-sweep"]["metrics"] |= dict(prediction_within_10pct="1/2", prediction_median_abs_error=0.12)
     assert summary.ROWS["draft_size"][1](res)[0].endswith("within 10% for 1/2 ladder rows (median |error| 12.0%)")
+    # the paired test decides where the folder has it: here the winner is not reliably faster than the runner-up
+    res["06-draft-sweep"]["metrics"]["verdicts"]["code_T0"] |= dict(paired_ratio=1.06, paired_lo=0.98, paired_hi=1.15)
+    ours, verdict_text, _ = summary.ROWS["draft_size"][1](res)
+    assert "runner-up lens-2 (winner/runner-up 1.06x [0.98, 1.15], paired)" in ours
+    assert verdict_text.startswith("partly: alpha rises from lens-1 to lens-2 in every setting; the smallest draft "
+                                   "wins in 1 of 1, and the winner is reliably faster than the runner-up in 0 of 1")
     res["06-draft-sweep"]["metrics"]["verdicts"]["code_T0"] |= dict(smallest_wins=False, winner="lens-2")
-    assert summary.ROWS["draft_size"][1](res)[1].startswith("partly: alpha rises from lens-1 to lens-2")
+    assert summary.ROWS["draft_size"][1](res)[1].startswith("does not reproduce: alpha rises from lens-1 to lens-2")
     res["06-draft-sweep"]["table2"].loc[1, "alpha"] = 0.1  # the larger draft agrees less: size buys no accuracy
     assert summary.ROWS["draft_size"][1](res)[1].startswith("not testable")

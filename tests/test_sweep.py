@@ -136,6 +136,10 @@ def test_sweep_and_tables_on_a_tiny_pair():
     assert [(r["draft"], r["gamma"]) for r in rows] == [("d", 1), ("d", 3)]
     assert all(r["speedup_lo"] <= r["speedup"] <= r["speedup_hi"] and r["n_prompts"] == 2 for r in rows)
     assert len(S.records(runs)) == 6 and S.records(runs)[1]["accepted"].split()[0].isdigit()
+    # the paired ratio of two cells: the ratio of their speedups over the same autoregressive runs, and 1 for itself
+    ratio = S.speedup_ratio(runs, ("d", 3), ("d", 1))
+    assert ratio.estimate == pytest.approx(rows[1]["speedup"] / rows[0]["speedup"]) and ratio.n_units == 2
+    assert ratio.lo <= ratio.estimate <= ratio.hi and S.speedup_ratio(runs, ("d", 1), ("d", 1)).hi == 1.0
     t2 = S.table2(rows, cal, {"d": 123})
     assert t2[0]["gamma_opt"] in (1, 3) and t2[0]["params"] == 123
     assert t2[0]["speedup"] == max(r["speedup"] for r in rows)

@@ -124,7 +124,9 @@ def _quality(r03):
 
 
 def _ladder(r06):
-    """06's answer: per task and temperature, which lens draft wins, against the runner-up's interval."""
+    """06's answer: per task and temperature, which lens draft wins, and whether it is reliably faster than the
+    runner-up (the paired bootstrap interval of their ratio above 1; folders from before that test: the two
+    marginal intervals clear of each other)."""
     t, verdicts = r06["table2"], r06["metrics"]["verdicts"]
     lad = t[t.draft.str.startswith("lens-")]
     parts = []
@@ -133,12 +135,13 @@ def _ladder(r06):
         won = _ci(v["winner_speedup"], v["winner_lo"], v["winner_hi"])
         parts.append(f"{key.replace('_', ' ')}: {v['winner']} {won}"
                      f" (alpha {'/'.join(f'{a:.2f}' for a in row.alpha)} across the ladder)"
-                     + (f", runner-up {v['runner_up']}{' (overlapping)' if v['intervals_overlap'] else ''}"
+                     + (f", runner-up {v['runner_up']}" + (
+                         f" (winner/runner-up {_ci(v['paired_ratio'], v['paired_lo'], v['paired_hi'])}, paired)"
+                         if "paired_lo" in v else " (overlapping)" if v["intervals_overlap"] else "")
                         if v["runner_up"] else ""))
     names = sorted(set(lad.draft), key=lambda d: int(d.split("-")[1]))  # by size
     smallest = [v["smallest_wins"] for v in verdicts.values()]
-    separated = [v["smallest_wins"] and not v["intervals_overlap"] for v in verdicts.values()]
-    small = sum(v["winner"] in names[:2] for v in verdicts.values())
+    reliable = [v["paired_lo"] > 1 if "paired_lo" in v else not v["intervals_overlap"] for v in verdicts.values()]
     # alpha (the sweep's, each draft at its best gamma) higher for the largest draft than for the smallest
     rises = sum(float(g.set_index("draft").alpha[names[-1]]) > float(g.set_index("draft").alpha[names[0]])
                 for _, g in lad.groupby(["task", "temperature"]))
@@ -149,12 +152,12 @@ def _ladder(r06):
     if rises < len(verdicts):
         verdict = (f"not testable where alpha does not rise with size (largest above smallest in {rises} of "
                    f"{len(verdicts)} settings)")
-    elif all(separated):
-        verdict = "reproduces: the smallest draft wins everywhere, its interval clear of the runner-up's"
+    elif all(smallest) and all(reliable):
+        verdict = "reproduces: the smallest draft wins everywhere, reliably faster than the runner-up"
     else:
-        verdict = (f"partly: alpha rises from {names[0]} to {names[-1]} in every setting and one of the two smallest "
-                   f"drafts wins in {small} of {len(verdicts)} (the smallest in {sum(smallest)}), but the winner's "
-                   f"interval overlaps the runner-up's in {len(verdicts) - sum(separated)} of them")
+        verdict = (f"{'partly' if any(smallest) else 'does not reproduce'}: alpha rises from {names[0]} to "
+                   f"{names[-1]} in every setting; the smallest draft wins in {sum(smallest)} of {len(verdicts)}, "
+                   f"and the winner is reliably faster than the runner-up in {sum(reliable)} of {len(verdicts)}")
     if any(v["winner_lo"] <= 1 for v in verdicts.values()):  # the best of the ladder is not reliably > 1x somewhere
         verdict += "; and no draft of the ladder is reliably faster than autoregressive decoding in every setting"
     return ours, verdict, "06-draft-sweep"

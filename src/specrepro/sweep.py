@@ -252,6 +252,15 @@ def speedup(runs: list[SweepRun], draft: str, gamma: int, *, seed: int = 0) -> i
     return bench.speedup_interval(runs, f"{draft}@{gamma}", seed=seed)
 
 
+def speedup_ratio(runs: list[SweepRun], a: tuple[str, int], b: tuple[str, int], *, seed: int = 0
+                  ) -> intervals.Interval:
+    """How many times faster draft a = (name, gamma) decodes than b on the same prompts: pooled decode times, with a
+    95% bootstrap interval over prompts resampled in pairs. What the prompts share (their length, how copyable they
+    are) cancels, so this is the test of "a beats b"; two speedups' marginal intervals overlap far more often.
+    When a is picked as the best on these same runs, the estimate leans towards a (the winner's curse)."""
+    return bench.speedup_interval(runs, f"{a[0]}@{a[1]}", baseline=f"{b[0]}@{b[1]}", seed=seed)
+
+
 def alpha_interval(runs: list[SweepRun], *, seed: int = 0) -> intervals.Interval:
     """Pooled alpha (accepted / tested, `GenerationStats.alpha`) with a bootstrap interval over prompts; all nan
     when no draft token was tested (a lookup draft that never matched)."""
