@@ -133,6 +133,34 @@ def test_reproduce_skips_unchanged_notebooks_and_reruns_changed_or_forced(tmp_pa
     assert reproduce.run_plan(reproduce.plan([nb], quick=False, force=False), quick=False, log=print) == ["97-demo"]
     assert "planted" in capsys.readouterr().out
     assert json.loads((tmp_path / "outputs" / "97-demo" / "run.json").read_text()) == record
+    # a summary of the others' outputs reruns when one of them runs, though its own inputs are unchanged
+    monkeypatch.setattr(reproduce, "READS_OUTPUTS", {"98-summary"})
+    summary_nb = _notebook(tmp_path / "98-summary.ipynb", body)
+    assert reproduce.run_plan(reproduce.plan([summary_nb], quick=False, force=False), quick=False,
+                              log=lambda m: None) == []
+    assert not reproduce.plan([summary_nb], quick=False, force=False)[0]["run"]
+    _notebook(nb, body)
+    assert [r["run"] for r in reproduce.plan([nb, summary_nb], quick=False, force=False)] == [True, True]
+
+
+def test_the_inputs_key_covers_the_machine_but_not_its_kernel_build(tmp_path, monkeypatch):
+    import platform
+
+    import torch
+
+    from specrepro.pipeline import inputs_key
+
+    nb = _notebook(tmp_path / "96-key.ipynb", "x = 1")
+    key = inputs_key(nb, {"a": 1})
+    assert inputs_key(nb, {"a": 2}) != key
+    monkeypatch.setattr(platform, "platform", lambda *a, **k: "Linux-9.9.9-another-kernel-build")
+    assert inputs_key(nb, {"a": 1}) == key  # a kernel update on the same host
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        assert inputs_key(nb, {"a": 1}) != key  # another thread count: another machine
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_reproduce_refuses_unknown_notebooks(capsys):

@@ -28,13 +28,17 @@ class Interval:
 def bootstrap(statistic: Callable[..., float], *columns, n_boot: int = 2000, level: float = 0.95,
               seed: int = 0) -> Interval:
     """Percentile interval of `statistic(*columns)`, resampling the units (the rows shared by all columns) with
-    replacement, paired across columns. Columns are 1-D arrays of equal length, one value per unit."""
+    replacement, paired across columns. Columns are 1-D arrays of equal length, one value per unit. With a single
+    unit there is nothing to resample: the estimate comes with NaN bounds, not a zero-width interval that would read
+    as certainty."""
     cols = [np.asarray(c, dtype=np.float64) for c in columns]
     n = len(cols[0])
     if n == 0 or any(len(c) != n for c in cols):
         raise ValueError(f"columns must be non-empty and of one length, got {[len(c) for c in cols]}")
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
+    if n == 1:
+        return Interval(float(statistic(*cols)), float("nan"), float("nan"), 1, level)
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, n, size=(n_boot, n))
     values = np.array([statistic(*(c[i] for c in cols)) for i in idx])

@@ -18,6 +18,7 @@ import argparse
 import hashlib
 import json
 import os
+import platform
 import shutil
 import sys
 import time
@@ -49,14 +50,16 @@ def input_files(notebook: Path) -> list[Path]:
 
 def inputs_key(notebook: Path, parameters: dict[str, Any]) -> str:
     """sha256 over the input files (path and bytes), the effective parameters (out_dir excluded) and the machine
-    and software it runs on (Python, CPU, thread count, CUDA and GPU, installed versions of `report.PACKAGES`): a
-    result measured elsewhere is not this machine's."""
+    and software it runs on (Python, OS and architecture, CPU, thread count, CUDA and GPU, installed versions of
+    `report.PACKAGES`): a result measured elsewhere is not this machine's. The kernel build is left out (it is in
+    environment.json): a kernel update on the same host does not void its results."""
     h = hashlib.sha256()
     for f in input_files(notebook):
         name = str(f.relative_to(paths.ROOT)) if f.is_relative_to(paths.ROOT) else f.name
         h.update(name.encode() + b"\0" + f.read_bytes() + b"\0")
     h.update(json.dumps({k: v for k, v in parameters.items() if k != "out_dir"}, sort_keys=True, default=str).encode())
-    machine = {k: v for k, v in environment().items() if k not in ("git_commit", "device", "dtype")}
+    machine = {k: v for k, v in environment().items() if k not in ("git_commit", "device", "dtype", "platform")}
+    machine["os"] = f"{platform.system()} {platform.machine()}"
     h.update(json.dumps(machine, sort_keys=True, default=str).encode())
     return h.hexdigest()
 

@@ -7,7 +7,8 @@
 
 A notebook's inputs are its own file, the library's sources, the shipped drafts and prompt sets, the install pins
 (pyproject.toml, constraints.txt) and its effective parameters; their sha256 (`pipeline.inputs_key`) is stored in
-the run's `run.json` beside the wall time it took. Before running, the plan says which notebooks run and how long
+the run's `run.json` beside the wall time it took. A notebook that reads the others' outputs (`READS_OUTPUTS`:
+99-summary) also runs whenever one of them runs. Before running, the plan says which notebooks run and how long
 each is expected to take (its last recorded run on this checkout, else the duration papermill recorded in the
 committed executed notebook); while a notebook runs, papermill's progress bar shows its cells with elapsed time
 and an estimate, and each start prints when the whole run should end. A notebook that fails leaves its previous output
@@ -44,13 +45,17 @@ QUICK: dict[str, dict[str, Any]] = {
     "04-numerics": dict(n_prompts=4, n_tokens=16, probe_prompts=1, n_samples=1000, power_reps=100,
                         greedy_prompts=8, greedy_tokens=24),
     "05-batch": dict(n_prompts=8, max_new_tokens=24, batch_sizes=[1, 2, 8], control_batch_sizes=[2, 8]),
-    "06-draft-sweep": dict(ladder=["lens-1", "lens-4", "lens-16"], others=["prompt-lookup"], gammas=[1, 3],
+    "06-draft-sweep": dict(ladder=["lens-0", "lens-4", "lens-16"], others=["prompt-lookup"], gammas=[1, 3],
                            temperatures=[0.0], n_prompts=3, n_calibration=1, max_new_tokens=16,
                            cost_tokens=4, one_thread_prompts=1, one_thread_gammas=[1]),
     "07-regime": dict(n_prompts=3, repeats=1, max_new_tokens=24, configs=["stock", "compiled"], compile_mode="default",
                       widths=[1, 4], sweep_gammas=[3], sweep_prompts=2),
     "99-summary": dict(results_dir=str(paths.QUICK_OUTPUTS)),  # the quick runs' folders, not the published ones
 }
+
+
+# Notebooks that read the other notebooks' outputs: they run whenever one of those runs, whatever their own key.
+READS_OUTPUTS = {"99-summary"}
 
 
 def notebooks() -> list[Path]:
@@ -89,8 +94,9 @@ def plan(selected: list[Path], *, quick: bool, force: bool) -> list[dict[str, An
         expected, bound = expected_seconds(out_dir, name), False
         if expected is None and quick:  # no quick run yet: the full run's time is an upper bound
             expected, bound = expected_seconds(paths.OUTPUTS / name, name), True
+        stale = name in READS_OUTPUTS and any(r["run"] for r in rows)  # an output it reads will change
         rows.append(dict(notebook=nb, name=name, out_dir=out_dir, overrides=overrides, key=key,
-                         run=force or last != key, expected=expected, upper_bound=bound))
+                         run=force or last != key or stale, expected=expected, upper_bound=bound))
     return rows
 
 
