@@ -76,6 +76,14 @@ def test_draft_size_reads_the_ladder_sweep_when_it_ran(tmp_path):
     assert "runner-up lens-2 (winner/runner-up 1.06x [0.98, 1.15], paired)" in ours
     assert verdict_text.startswith("partly: alpha rises from lens-1 to lens-2 in every setting; the smallest draft "
                                    "wins in 1 of 1, and the winner is reliably faster than the runner-up in 0 of 1")
+    # one sweep prompt: JSON holds null for the bounds (no interval); read as "no interval", never as reliable
+    one = dict(res["06-draft-sweep"]["metrics"]["verdicts"]["code_T0"], winner_lo=None, winner_hi=None,
+               paired_lo=None, paired_hi=None)
+    res_one = res | {"06-draft-sweep": res["06-draft-sweep"] | {"metrics": {"verdicts": {"code_T0": one},
+                                                                           "n_prompts": 1}}}
+    ours, verdict_text, _ = summary.ROWS["draft_size"][1](res_one)
+    assert "lens-1 0.90x (no interval)" in ours and "winner/runner-up 1.06x (no interval), paired" in ours
+    assert "reliably faster than the runner-up in 0 of 1" in verdict_text and "no draft of the ladder" in verdict_text
     res["06-draft-sweep"]["metrics"]["verdicts"]["code_T0"] |= dict(smallest_wins=False, winner="lens-2")
     assert summary.ROWS["draft_size"][1](res)[1].startswith("does not reproduce: alpha rises from lens-1 to lens-2")
     res["06-draft-sweep"]["table2"].loc[1, "alpha"] = 0.1  # the larger draft agrees less: size buys no accuracy
