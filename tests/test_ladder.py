@@ -116,3 +116,19 @@ def test_training_the_lens_lowers_the_held_out_loss(target):
                            log=lambda m: None)
     assert history[-1]["heldout_loss"] < 0.9 * history[0]["heldout_loss"]
     assert not any(p.requires_grad for p in draft.parameters())
+
+
+def test_build_ladder_stores_each_rung_with_its_own_cut_head(target, tmp_path):
+    g = torch.Generator().manual_seed(7)
+    tokens = torch.randint(0, 400, (10, 12), generator=g)
+    mask = torch.zeros_like(tokens, dtype=torch.bool)
+    mask[:, 3:] = True
+    with torch.no_grad():
+        top = target(input_ids=tokens).logits.log_softmax(-1).topk(8, dim=-1)
+    labels = dict(tokens=tokens, mask=mask, topk_ids=top.indices.int(), topk_logp=top.values.half(), key="t")
+    cfg = L.LadderConfig(layers=(0, 1), keep=60, keep_by_layers=((0, 20),), holdout=5,
+                         train=TrainConfig(epochs=1, batch_rows=32, lr=1e-3, warmup_steps=1, weight_decay=0.0))
+    drafts = L.build_ladder(target, labels, cfg, target_id="tiny", folder=tmp_path, log=lambda m: None)
+    assert [len(drafts[k].kept) for k in (0, 1)] == [20, 60]
+    assert drafts[0].kept.tolist() == drafts[1].kept[:20].tolist()  # the most frequent ids first, in both heads
+    assert load_lens(tmp_path / "lens-0", target).kept.tolist() == drafts[0].kept.tolist()

@@ -31,7 +31,6 @@ from .lens import LensDraft, save_lens
 from .train import TrainConfig, distillation_loss, lr_at
 
 LAYERS = (0, 1, 2, 4, 8, 16)  # the shipped ladder: lens-0 .. lens-16
-KEEP = {0: 4095}  # ids of the cut head where not LadderConfig.keep: lens-0 is cheap only with a small head
 
 
 def name(layers: int) -> str:
@@ -60,8 +59,14 @@ def residual_streams(target, tokens: torch.Tensor, mask: torch.Tensor, layers, b
 class LadderConfig:
     layers: tuple[int, ...] = LAYERS
     keep: int = 8191  # ids of the cut head (plus the catch-all)
+    keep_by_layers: tuple[tuple[int, int], ...] = ((0, 4095),)  # (layers, keep) where not `keep`: lens-0 is cheap
+    # only with a small head (a 0-layer draft's cost is mostly its head)
     holdout: int = 10  # every holdout-th row (whole answers, both tasks alike) is kept out to score the lens
     train: TrainConfig = TrainConfig(epochs=8, batch_rows=1024, lr=2e-3, warmup_steps=10, weight_decay=0.0)
+
+    def keep_for(self, layers: int) -> int:
+        """The cut head's size for the draft of `layers` layers."""
+        return dict(self.keep_by_layers).get(layers, self.keep)
 
 
 def labelled(labels: dict, kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,14 +122,16 @@ def build_ladder(target, labels: dict, cfg: LadderConfig = LadderConfig(), *, ta
     held = torch.arange(labels["tokens"].shape[0]) % cfg.holdout == cfg.holdout - 1
     split = {part: {k: v[rows] for k, v in labels.items() if isinstance(v, torch.Tensor)}
              for part, rows in (("train", ~held), ("val", held))}
-    kept = cut_vocabulary(split["train"]["tokens"], split["train"]["topk_ids"], cfg.keep)
+    kept_of = {n: cut_vocabulary(split["train"]["tokens"], split["train"]["topk_ids"], n)
+               for n in sorted({cfg.keep_for(k) for k in cfg.layers})}
     t0 = time.perf_counter()
     streams = {part: residual_streams(target, d["tokens"], d["mask"], cfg.layers) for part, d in split.items()}
     log(f"residual streams of {sum(len(s[cfg.layers[0]]) for s in streams.values())} positions in "
         f"{time.perf_counter() - t0:.0f} s")
-    (ids, logp), (ids_val, logp_val) = labelled(split["train"], kept), labelled(split["val"], kept)
     out = {}
     for k in cfg.layers:
+        kept = kept_of[cfg.keep_for(k)]
+        (ids, logp), (ids_val, logp_val) = labelled(split["train"], kept), labelled(split["val"], kept)
         draft = LensDraft(target, k, kept)
         with torch.no_grad():  # the untrained lens is the logit lens: the baseline the training improves on
             _, logit_lens = distillation_loss(draft.cut_logits(streams["val"][k])[:, None], ids_val[:, None],
@@ -149,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, nargs="+", default=list(LAYERS))
     ap.add_argument("--epochs", type=float, default=LadderConfig.train.epochs)
-    ap.add_argument("--keep", type=int, default=None,
-                    help=f"ids of the cut head (default: {LadderConfig.keep}, or as KEEP says for the layers given)")
+    ap.add_argument("--keep", type=int, default=None, help=f"ids of every draft's cut head (default: "
+                    f"{LadderConfig.keep}, and as LadderConfig.keep_by_layers says for lens-0)")
     ap.add_argument("--n-code", type=int, default=768)
     ap.add_argument("--n-text", type=int, default=288)
     args = ap.parse_args(argv)
@@ -158,12 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     dcfg = distill.DistillConfig(n_code=args.n_code, n_text=args.n_text, max_new_tokens=128, context=384)
     labels = distill.target_answers(target, tokenizer, dcfg, target_id=models.GGUF_SHA256)
     train = TrainConfig(**asdict(LadderConfig.train) | {"epochs": args.epochs})
-    groups: dict[int, list[int]] = {}  # one cut head per distinct keep
-    for k in args.layers:
-        groups.setdefault(args.keep or KEEP.get(k, LadderConfig.keep), []).append(k)
-    for keep, layers in groups.items():
-        build_ladder(target, labels, LadderConfig(layers=tuple(layers), keep=keep, train=train),
-                     target_id=models.GGUF_SHA256)
+    keep = dict(keep=args.keep, keep_by_layers=()) if args.keep else {}
+    build_ladder(target, labels, LadderConfig(layers=tuple(args.layers), train=train, **keep),
+                 target_id=models.GGUF_SHA256)
     return 0
 
 
