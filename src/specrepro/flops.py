@@ -59,7 +59,7 @@ def shape_of(config) -> Shape:
     kv = getattr(config, "num_key_value_heads", None) or heads
     hd = getattr(config, "head_dim", None) or d // heads
     ff = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * d
-    layers = getattr(config, "num_hidden_layers", None) or config.n_layer
+    layers = config.num_hidden_layers if getattr(config, "num_hidden_layers", None) is not None else config.n_layer
     return Shape(d, layers, heads, kv, hd, ff, config.vocab_size, GATED_MLP[mt],
                  bool(getattr(config, "tie_word_embeddings", True)))
 

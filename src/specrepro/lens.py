@@ -38,7 +38,8 @@ class _Out:
 class LensDraft(nn.Module):
     """The target's first `layers` layers with a tuned-lens read-out over a cut vocabulary (module docstring).
     Runs in the decoding loops like any transformers model: `forward(input_ids, cache=..., ...)` with a
-    `DynamicCache` of its `layers` layers, full-vocabulary logits out."""
+    `DynamicCache` of its `layers` layers (layers = 0: a `TokenCache`, which only counts tokens), full-vocabulary
+    logits out."""
 
     def __init__(self, target, layers: int, kept: torch.Tensor):
         super().__init__()
