@@ -97,17 +97,22 @@ def test_bad_ladder_inputs_are_refused(target):
         LensDraft(target, 1, torch.arange(TARGET_VOCAB))
 
 
-def test_training_the_lens_lowers_the_held_out_loss(target):
-    # the teacher: the target's own top-k at random positions; the lens of layer 1 learns to predict it
-    g = torch.Generator().manual_seed(4)
-    tokens = torch.randint(0, 400, (24, 16), generator=g)
+def _teacher_labels(target, rows: int, cols: int, first: int, seed: int) -> dict:
+    """A distillation set as `distill.target_answers` gives it: random token rows, labelled from position `first` on
+    with the target's own top-8 next-token log-probabilities."""
+    tokens = torch.randint(0, 400, (rows, cols), generator=torch.Generator().manual_seed(seed))
     mask = torch.zeros_like(tokens, dtype=torch.bool)
-    mask[:, 2:] = True
+    mask[:, first:] = True
     with torch.no_grad():
         top = target(input_ids=tokens).logits.log_softmax(-1).topk(8, dim=-1)
-    labels = dict(tokens=tokens, mask=mask, topk_ids=top.indices.int(), topk_logp=top.values.half(), key="t")
-    kept = torch.unique(top.indices.flatten())[:4000]
-    x = L.residual_streams(target, tokens, mask, (1,))[1]
+    return dict(tokens=tokens, mask=mask, topk_ids=top.indices.int(), topk_logp=top.values.half(), key="t")
+
+
+def test_training_the_lens_lowers_the_held_out_loss(target):
+    # the teacher: the target's own top-k at random positions; the lens of layer 1 learns to predict it
+    labels = _teacher_labels(target, 24, 16, first=2, seed=4)
+    kept = torch.unique(labels["topk_ids"].long().flatten())[:4000]
+    x = L.residual_streams(target, labels["tokens"], labels["mask"], (1,))[1]
     ids, logp = L.labelled(labels, kept)
     n = 20 * 14  # the first 20 rows train, the last 4 are held out
     draft = LensDraft(target, 1, kept)
@@ -119,13 +124,7 @@ def test_training_the_lens_lowers_the_held_out_loss(target):
 
 
 def test_build_ladder_stores_each_rung_with_its_own_cut_head(target, tmp_path):
-    g = torch.Generator().manual_seed(7)
-    tokens = torch.randint(0, 400, (10, 12), generator=g)
-    mask = torch.zeros_like(tokens, dtype=torch.bool)
-    mask[:, 3:] = True
-    with torch.no_grad():
-        top = target(input_ids=tokens).logits.log_softmax(-1).topk(8, dim=-1)
-    labels = dict(tokens=tokens, mask=mask, topk_ids=top.indices.int(), topk_logp=top.values.half(), key="t")
+    labels = _teacher_labels(target, 10, 12, first=3, seed=7)
     cfg = L.LadderConfig(layers=(0, 1), keep=60, keep_by_layers=((0, 20),), holdout=5,
                          train=TrainConfig(epochs=1, batch_rows=32, lr=1e-3, warmup_steps=1, weight_decay=0.0))
     drafts = L.build_ladder(target, labels, cfg, target_id="tiny", folder=tmp_path, log=lambda m: None)
