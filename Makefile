@@ -55,6 +55,10 @@ drafts: $(STAMP)
 ladder: $(STAMP)
 	$(PY) -m specrepro.ladder
 
+## Train the feature-reading (EAGLE-style) draft feature-1 on the target's answers (NAME=, EPOCHS=, DEPTH= to vary)
+eagle: $(STAMP)
+	$(PY) -m specrepro.eagle_train $(if $(NAME),--name $(NAME)) $(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(DEPTH),--depth $(DEPTH))
+
 ## Time autoregressive vs speculative vs transformers' assisted generation (ARGS="--gamma 6 --temperature 0.8")
 bench: $(STAMP)
 	$(PY) -m specrepro.bench $(ARGS)
@@ -68,4 +72,4 @@ clean:
 	rm -rf $(VENV) .pytest_cache outputs/.staging outputs/.failed
 	find . -name __pycache__ -prune -exec rm -rf {} +
 
-.PHONY: help setup test lint reproduce reproduce-quick drafts ladder bench lab clean
+.PHONY: help setup test lint reproduce reproduce-quick drafts ladder eagle bench lab clean

@@ -8,7 +8,7 @@ from transformers import PhiForCausalLM
 
 from specrepro import autoregressive_generate, speculative_generate
 from specrepro import drafts as D
-from specrepro.models import load_draft
+from specrepro.models import load_draft, load_shipped
 from specrepro.paths import MODELS as MODELS_DIR
 from specrepro.tiny import tiny_target
 
@@ -68,7 +68,7 @@ def test_small_draft_round_trips_through_bf16_storage(cut_draft, tmp_path):
     D.save_small(tmp_path / "d", cut, kept, {"name": "d"})
     manifest = json.loads((tmp_path / "d" / "manifest.json").read_text())
     assert manifest["kind"] == "small" and manifest["config"]["vocab_size"] == 64
-    loaded = D.load_shipped(tmp_path / "d")
+    loaded = load_shipped(tmp_path / "d")
     with torch.no_grad():
         a = loaded(input_ids=tokens[:1]).logits.softmax(-1)
         b = D.expand(cut, kept)(input_ids=tokens[:1]).logits.softmax(-1)
@@ -151,7 +151,7 @@ def test_lookup_hybrid_round_trips_as_a_manifest(cut_draft, tmp_path):
     cut, kept, tokens = cut_draft
     D.save_small(tmp_path / "small", cut, kept, {"name": "small"})
     D.save_lookup_hybrid(tmp_path / "hyb", "small", 4, 2, {"name": "hyb"})
-    loaded = D.load_shipped(tmp_path / "hyb")
+    loaded = load_shipped(tmp_path / "hyb")
     assert isinstance(loaded, D.LookupHybridDraft) and loaded.lookup.config.min_ngram == 2
     assert loaded.get_output_embeddings().weight.shape[0] == D.TARGET_VOCAB
 

@@ -1,4 +1,5 @@
-"""The architecture of STYLE.md, checked by parsing every module of src/specrepro with `ast` (nothing is imported).
+"""The architecture of CONTRIBUTING.md ("The layers"), checked by parsing every module of src/specrepro with `ast`
+(nothing is imported).
 
 Layers point down only; no import cycles; no module reaches into another's private names; every path is computed in
 `paths`. Every import of a package module counts, including the ones inside functions. (No `def`/`class` in
@@ -19,10 +20,10 @@ LAYERS = {
     # 0 inputs
     "paths": 0, "data": 0, "sandbox": 0,
     # 1 the algorithm
-    "sampling": 1, "kvcache": 1, "compiled": 1, "generate": 1,
+    "sampling": 1, "kvcache": 1, "protocol": 1, "compiled": 1, "generate": 1,
     # 2 the models
     "models": 2, "drafts": 2, "distill": 2, "train": 2, "kernels": 2, "tiny": 2,
-    "lens": 2, "ladder": 2,
+    "lens": 2, "ladder": 2, "eagle": 2, "eagle_train": 2,
     # 3 the measurements
     "theory": 3, "flops": 3, "timing": 3, "bench": 3, "walltime": 3, "numerics": 3, "distribution": 3,
     "acceptance": 3, "equivalence": 3, "batching": 3, "intervals": 3, "quality": 3, "sweep": 3,
@@ -107,7 +108,7 @@ def graph() -> dict[str, set[str]]:
 def test_every_module_has_a_layer():
     unplaced = sorted(set(modules()) - set(LAYERS) - EXEMPT)
     assert not unplaced, (f"modules without a layer: {unplaced}. Add each to LAYERS in tests/test_layers.py "
-                          "(0 inputs, 1 algorithm, 2 models, 3 measurements, 4 plumbing; see STYLE.md 'The layers')")
+                          "(0 inputs, 1 algorithm, 2 models, 3 measurements, 4 plumbing; see CONTRIBUTING.md)")
     gone = sorted(set(LAYERS) - set(modules()))
     assert not gone, f"LAYERS names modules that no longer exist: {gone}; remove them from tests/test_layers.py"
 

@@ -103,6 +103,40 @@ def expand(cut_model, kept: torch.Tensor):
     return full.eval()
 
 
+class CutHead(nn.Module):
+    """A read-out over a cut vocabulary: logits z = E_cut h + bias for the `kept` ids and one catch-all (the mean
+    embedding of the others), from the target's tied embedding E (frozen); `full` expands z to the whole vocabulary
+    as `expand` does (each unseen id gets the catch-all's logit - log(#unseen), so together they carry its
+    probability and none outscores it). Only the bias is trained."""
+
+    def __init__(self, embed: torch.Tensor, kept: torch.Tensor):
+        super().__init__()
+        vocab = embed.shape[0]
+        kept = kept.long()
+        if not 0 < len(kept) < vocab:
+            raise ValueError(f"the cut head keeps 1..{vocab - 1} of the target's {vocab} ids (one catch-all stands "
+                             f"for the rest); got {len(kept)}")
+        unseen = torch.ones(vocab, dtype=torch.bool)
+        unseen[kept] = False
+        self.bias = nn.Parameter(torch.zeros(len(kept) + 1))
+        self.register_buffer("kept", kept)
+        self.register_buffer("head", torch.cat([embed[kept], embed[unseen].mean(0, keepdim=True)]).detach().clone())
+        table = torch.full((vocab,), len(kept), dtype=torch.long)
+        table[kept] = torch.arange(len(kept))
+        self.register_buffer("table", table)  # (V,) full id -> cut id
+        offset = torch.zeros(vocab)
+        offset[unseen] = -math.log(int(unseen.sum()))
+        self.register_buffer("offset", offset)  # (V,)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """(..., d) -> (..., keep + 1) logits over the cut vocabulary."""
+        return nn.functional.linear(h, self.head, self.bias)
+
+    def full(self, z: torch.Tensor) -> torch.Tensor:
+        """(..., keep + 1) -> (..., V)."""
+        return z.index_select(-1, self.table) + self.offset
+
+
 def write_manifest(path: Path, manifest: dict) -> None:
     """The one format of a draft's manifest.json: sorted keys, two-space indent, a final newline."""
     path.write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
@@ -119,47 +153,36 @@ def save_small(folder: Path, cut_model, kept: torch.Tensor, manifest: dict) -> N
         write_manifest(tmp / "manifest.json", manifest | {"kind": "small", "config": cut_model.config.to_dict()})
 
 
-def needs_target(folder: Path) -> bool:
-    """Whether loading this draft folder copies layers from the target (an early-exit draft, or a hybrid around one)."""
-    manifest = read_manifest(folder)
-    if manifest["kind"] == "lookup_hybrid":
-        return needs_target(Path(folder).parent / manifest["config"]["model"])
-    return manifest["kind"] in ("early_exit", "lens")
-
-
-def load_shipped(folder: Path, dtype: torch.dtype = torch.float32, target=None):
-    """Any shipped draft folder (small, early-exit, prompt-lookup or hybrid) as a full-vocabulary model. An
-    early-exit draft copies its frozen layers from `target`, which is then required (`needs_target`)."""
-    manifest = read_manifest(folder)
-    kind = manifest["kind"]
-    if kind == "prompt_lookup":
-        return PromptLookupDraft(**manifest["config"])
-    if kind == "lookup_hybrid":
-        cfg = manifest["config"]
-        inner = load_shipped(Path(folder).parent / cfg["model"], dtype=dtype, target=target)
-        return LookupHybridDraft(inner, max_ngram=cfg["max_ngram"], min_ngram=cfg["min_ngram"])
+def load_small(folder: Path, manifest: dict, *, dtype: torch.dtype = torch.float32, target=None):
+    """A stored small draft (`save_small`), expanded to the full vocabulary (`expand`)."""
     from safetensors.torch import load_file
+    from transformers import PhiConfig, PhiForCausalLM
 
     state = load_file(Path(folder) / "weights.safetensors")
-    if kind == "small":
-        from transformers import PhiConfig, PhiForCausalLM
+    kept = state.pop("kept_ids").long()
+    with torch.random.fork_rng(devices=[]):
+        cut = PhiForCausalLM(PhiConfig.from_dict(manifest["config"]))
+    cut.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+    cut.tie_weights()
+    return expand(cut, kept).to(dtype)
 
-        kept = state.pop("kept_ids").long()
-        with torch.random.fork_rng(devices=[]):
-            cut = PhiForCausalLM(PhiConfig.from_dict(manifest["config"]))
-        cut.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
-        cut.tie_weights()
-        return expand(cut, kept).to(dtype)
-    if kind == "early_exit":
-        if target is None:
-            raise ValueError(f"{folder} is an early-exit draft made of the target's first layers: pass target=... "
-                             "(specrepro.models.load_draft does)")
-        model = early_exit(target, manifest["layers"])
-        model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
-        return model.to(dtype).eval()
-    if kind == "lens":
-        raise ValueError(f"{folder} is a tuned-lens draft: load it with specrepro.models.load_draft or lens.load_lens")
-    raise ValueError(f"{folder}/manifest.json has unknown kind {kind!r}")
+
+def load_early_exit(folder: Path, manifest: dict, *, dtype: torch.dtype = torch.float32, target=None):
+    """A stored early-exit draft (`save_early_exit`): the target's first layers with the fine-tuned tensors."""
+    from safetensors.torch import load_file
+
+    if target is None:
+        raise ValueError(f"{folder} is an early-exit draft made of the target's first layers: pass target=... "
+                         "(specrepro.models.load_draft does)")
+    model = early_exit(target, manifest["layers"])
+    state = load_file(Path(folder) / "weights.safetensors")
+    model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+    return model.to(dtype).eval()
+
+
+def load_prompt_lookup(folder: Path, manifest: dict, *, dtype: torch.dtype = torch.float32, target=None):
+    """A prompt-lookup draft from its manifest (`save_prompt_lookup`); it has no weights."""
+    return PromptLookupDraft(**manifest["config"])
 
 
 # ---- the expensive draft: the target's first layers -------------------------------------------------------------

@@ -33,6 +33,7 @@ import torch
 
 from .compiled import as_config, cached_model_factory, slots_needed
 from .kvcache import CachedModel
+from .protocol import feature_layers
 from .sampling import SamplingConfig, greedy_accept, probs_from_logits, sample_from, speculative_accept
 
 
@@ -125,8 +126,9 @@ def _is_int(value) -> bool:
 
 
 def vocab_size(model) -> int:
-    """Number of logits a model produces per position (its output embedding rows)."""
-    head = model.get_output_embeddings()
+    """Number of logits a model produces per position (its output embedding rows, else `config.vocab_size`)."""
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if get_head is not None else None
     return int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
 
 
@@ -218,15 +220,24 @@ def _row_generators(generator, rows: int) -> list[torch.Generator | None]:
 
 
 def propose(drf: CachedModel | None, seqs: list[list[int]], lengths: list[int], cfg: SamplingConfig, gens: list,
-            *, sample=sample_from, draw=draw_uniforms) -> tuple[list[list[int]], list[torch.Tensor | None]]:
+            *, features: list[torch.Tensor] | None = None, sample=sample_from, draw=draw_uniforms
+            ) -> tuple[list[list[int]], list[torch.Tensor | None]]:
     """1. The draft proposes lengths[b] tokens for row b, x_i ~ q_i, one forward per position (the first also
-    catches up on the row's sequence). Returns the drafts and, when sampling, their q (1, lengths[b], V) per row."""
+    catches up on the row's sequence). Returns the drafts and, when sampling, their q (1, lengths[b], V) per row.
+
+    `features` (a draft that reads the target's states): row b's target features at positions 0 .. len - 2. The
+    catch-up forward feeds each token at position j with the features of position j - 1 (zeros at j = 0); the
+    drafted tokens after it go without, and the draft uses its own output there (`specrepro.protocol`)."""
     drafts: list[list[int]] = [[] for _ in seqs]
     q_rows: list[list[torch.Tensor]] = [[] for _ in seqs]
     for i in range(max(lengths, default=0)):
         active = [b for b, g in enumerate(lengths) if i < g]
-        logits = drf.feed([(seqs[b] + drafts[b])[drf.fed[b]:] if b in active else [] for b in range(len(seqs))],
-                          1)[:, -1]  # (B, V)
+        blocks = [(seqs[b] + drafts[b])[drf.fed[b]:] if b in active else [] for b in range(len(seqs))]
+        feats = None
+        if features is not None and i == 0:
+            feats = [preceding_features(features[b], drf.fed[b], len(blocks[b])) if b in active else None
+                     for b in range(len(seqs))]
+        logits = drf.feed(blocks, 1, **({"features": feats} if feats is not None else {}))[:, -1]  # (B, V)
         if cfg.greedy:
             tokens = logits.argmax(-1).tolist()  # q_i is one-hot there
         else:
@@ -240,12 +251,28 @@ def propose(drf: CachedModel | None, seqs: list[list[int]], lengths: list[int], 
     return drafts, q
 
 
-def verify(tgt: CachedModel, seqs: list[list[int]], drafts: list[list[int]]) -> list[torch.Tensor]:
+def preceding_features(features: torch.Tensor, start: int, n: int) -> torch.Tensor:
+    """The target features a draft reads with the n tokens at positions start .. start + n - 1: those of positions
+    start - 1 .. start + n - 2, a row of zeros standing for position -1. `features` (>= start + n - 1, F)."""
+    rows = features[max(start - 1, 0):start + n - 1]
+    if start == 0 and n > 0:
+        rows = torch.cat([features.new_zeros(1, features.shape[-1]), rows])
+    return rows
+
+
+def verify(tgt: CachedModel, seqs: list[list[int]], drafts: list[list[int]]
+           ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
     """2. The target scores each row's pending token and drafts in one forward: logits (g_b + 1, V) per row, the
-    rows p_1 .. p_{g_b + 1}."""
+    rows p_1 .. p_{g_b + 1}. When the target keeps hidden states (`CachedModel.hidden_layers`), also each row's
+    features at every position it was fed, (tokens fed, F), else None."""
     n_logits = max(len(x) for x in drafts) + 1
-    logits = tgt.feed([(seq + x)[tgt.fed[b]:] for b, (seq, x) in enumerate(zip(seqs, drafts))], n_logits)
-    return [logits[b, n_logits - len(x) - 1:] for b, x in enumerate(drafts)]
+    blocks = [(seq + x)[tgt.fed[b]:] for b, (seq, x) in enumerate(zip(seqs, drafts))]
+    logits = tgt.feed(blocks, n_logits)
+    features = None
+    if tgt.hidden_layers:
+        width = tgt.features.shape[1]
+        features = [tgt.features[b, width - len(block):] for b, block in enumerate(blocks)]
+    return [logits[b, n_logits - len(x) - 1:] for b, x in enumerate(drafts)], features
 
 
 def accept(logits: torch.Tensor, x: list[int], q: torch.Tensor | None, cfg: SamplingConfig, gen,
@@ -285,10 +312,11 @@ class Steps:
 # the loop
 
 
-def _draft_lengths(draft, seqs, new, gamma: int, max_new_tokens: int) -> list[int]:
+def _draft_lengths(draft, seqs, new, gamma: int, max_new_tokens: int, ready: list[bool]) -> list[int]:
     """Drafts to propose per row: gamma, fewer where the row is about to reach max_new_tokens (the target adds one
-    token of its own), or where the draft's `proposal_length` stops earlier."""
-    lengths = [min(gamma, max_new_tokens - n - 1) for n in new]
+    token of its own), or where the draft's `proposal_length` stops earlier; none where the draft is not ready (it
+    reads target features and the target has not run yet)."""
+    lengths = [min(gamma, max_new_tokens - n - 1) if ok else 0 for n, ok in zip(new, ready)]
     proposal_length = getattr(draft, "proposal_length", None)
     if proposal_length is None:
         return lengths
@@ -311,19 +339,33 @@ def decode(target, draft, input_ids: torch.Tensor, attention_mask: torch.Tensor 
     rows = [GenerationStats(prompt_len=len(seq)) for seq in seqs]
     tgt = cached_model(target, "target", stats.target_forwards, len(seqs))
     drf = cached_model(draft, "draft", stats.draft_forwards, len(seqs)) if draft is not None else None
+    layers = feature_layers(draft) if draft is not None else ()
+    feats: list[torch.Tensor] | None = None  # per row: the target's features at positions 0 .. len - 2
+    if layers:
+        if type(tgt).feed is not CachedModel.feed:
+            raise ValueError("this draft reads the target's features, which the compiled path does not keep: "
+                             "use compile=False")
+        tgt.hidden_layers = layers
+        feats = [None] * len(seqs)
     live = list(range(len(seqs)))  # the batch's rows still decoding, by their index in input_ids
     clock = time.perf_counter
     while live:
         t0 = clock()
+        ready = [feats is None or feats[r] is not None for r in live]
         lengths = _draft_lengths(draft, [seqs[r] for r in live], [rows[r].new_tokens for r in live], gamma,
-                                 max_new_tokens)
-        drafts, q = steps.propose(drf, [seqs[r] for r in live], lengths, cfg, [gens[r] for r in live])  # 1.
+                                 max_new_tokens, ready)
+        old_lengths = [len(seqs[r]) for r in live]
+        drafts, q = steps.propose(drf, [seqs[r] for r in live], lengths, cfg, [gens[r] for r in live],
+                                  **({"features": [feats[r] for r in live]} if layers else {}))  # 1.
         t1 = clock()
-        p_logits = verify(tgt, [seqs[r] for r in live], drafts)  # 2.
+        p_logits, p_features = verify(tgt, [seqs[r] for r in live], drafts)  # 2.
         results = [steps.accept(p_logits[i], drafts[i], q[i], cfg, gens[r]) for i, r in enumerate(live)]  # 3.
         t2 = clock()
         ended = []
         for i, (r, (n, token)) in enumerate(zip(live, results)):
+            if feats is not None:  # keep the states of the accepted positions (the pending token and n drafts)
+                kept = p_features[i] if feats[r] is None else torch.cat([feats[r], p_features[i]])
+                feats[r] = kept[:old_lengths[i] + n]
             new = drafts[i][:n] + [token]
             hit = next((j for j, t in enumerate(new) if t in eos), None)
             new = new[:hit + 1] if hit is not None else new
@@ -336,6 +378,8 @@ def decode(target, draft, input_ids: torch.Tensor, attention_mask: torch.Tensor 
             if hit is not None or rows[r].new_tokens >= max_new_tokens:
                 ended.append(i)
         rollback([tgt, drf], [seqs[r] for r in live])  # 4.
+        if layers:  # drafted tokens went in with the draft's own features: forget them, feed them again with p's
+            drf.keep(old_lengths)
         if check_invariants:
             _check_caches(tgt, drf, [seqs[r] for r in live])
         if ended:

@@ -55,6 +55,17 @@ def model_forward(model, input_ids: torch.Tensor, cache, **kwargs):
     return model(input_ids=input_ids, use_cache=True, **{cache_kwarg(model): cache}, **kwargs)
 
 
+def left_padded(rows: list[torch.Tensor | None], width: int) -> torch.Tensor:
+    """Per-row (n_b, F) tensors as one (B, width, F) block, each row's at the end, zeros before (left padding);
+    None stands for a row with nothing in this block."""
+    first = next(r for r in rows if r is not None)
+    out = first.new_zeros(len(rows), width, first.shape[-1])
+    for b, r in enumerate(rows):
+        if r is not None and len(r):
+            out[b, width - len(r):] = r
+    return out
+
+
 class CachedModel:
     """A model, its KV cache over the rows of a batch, and the log of its forwards.
 
@@ -68,33 +79,47 @@ class CachedModel:
         self.device = next(model.parameters()).device
         self.fed = [0] * rows  # tokens of each row in the cache
         self.mask: torch.Tensor | None = None  # (B, T) long, 1 = a token of the row; None while there is no gap
+        # hidden states to keep from each forward (transformers' numbering: 0 the embedding, i layer i's output),
+        # for a draft that reads the target's features (`specrepro.protocol`); () keeps none
+        self.hidden_layers: tuple[int, ...] = ()
+        self.features: torch.Tensor | None = None  # (B, K, F): the last forward's, when hidden_layers is set
 
     @property
     def slots(self) -> int:
         return self.cache.get_seq_length()
 
     @torch.no_grad()
-    def feed(self, new: list[list[int]], n_logits: int, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def feed(self, new: list[list[int]], n_logits: int, pad_mask: torch.Tensor | None = None,
+             features: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Feed row b the tokens new[b] (one block, left-padded to the longest) and return the logits of the
         block's last n_logits positions, (B, n_logits, V): row b's last min(len(new[b]), n_logits) are its own.
 
         `pad_mask` (B, K) marks real tokens when the block itself is the left-padded prompt (1 = real).
+        `features` (a draft that reads the target's states): row b's (len(new[b]), F), passed to the model as
+        `target_features` (B, K, F), left-padded with zeros like the tokens.
         """
         width = max(len(t) for t in new)
         ids = torch.tensor([[0] * (width - len(t)) + t for t in new], device=self.device)  # (B, K)
         if pad_mask is None:
             pad_mask = torch.tensor([[0] * (width - len(t)) + [1] * len(t) for t in new])  # (B, K)
         pad_mask = pad_mask.to(self.device, torch.long)
+        extra = {}
+        if features is not None:
+            extra["target_features"] = left_padded(features, width).to(self.device)  # (B, K, F)
+        if self.hidden_layers:
+            extra["output_hidden_states"] = True
         self.log.append((width, self.slots))
         if self.mask is None and bool(pad_mask.all()):  # no gap anywhere: the plain causal forward
-            out = model_forward(self.model, ids, self.cache, logits_to_keep=n_logits)
+            out = model_forward(self.model, ids, self.cache, logits_to_keep=n_logits, **extra)
         else:
             before = self.slot_mask()
             fed = torch.tensor(self.fed, device=self.device)[:, None]  # (B, 1)
             positions = fed + (pad_mask.cumsum(-1) - 1).clamp_min(0)  # (B, K): counted over real tokens only
             self.mask = torch.cat([before, pad_mask], dim=1)  # (B, T + K)
             out = model_forward(self.model, ids, self.cache, attention_mask=self.attended(), position_ids=positions,
-                                logits_to_keep=n_logits)
+                                logits_to_keep=n_logits, **extra)
+        if self.hidden_layers:
+            self.features = torch.cat([out.hidden_states[i][:, -width:] for i in self.hidden_layers], -1)  # (B, K, F)
         self.fed = [f + int(n) for f, n in zip(self.fed, pad_mask.sum(-1).tolist())]
         logits = out.logits[:, -n_logits:]  # (B, n_logits, V)
         check_logits(torch.cat([logits[b, n_logits - min(n_logits, len(t)):] for b, t in enumerate(new)]),

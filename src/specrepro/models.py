@@ -16,11 +16,14 @@ import hashlib
 import importlib.util
 import json
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 
-from . import drafts, lens, paths
+from . import drafts, eagle, lens, paths
 from .generate import check_same_vocab
 
 TARGET = "smollm2-135m-instruct"
@@ -113,7 +116,7 @@ def load_tokenizer(name: str = TARGET):
 
     if name == TARGET or (paths.MODELS / name).is_dir():
         return AutoTokenizer.from_pretrained(tokenizer_dir())
-    return AutoTokenizer.from_pretrained(name)
+    return AutoTokenizer.from_pretrained(resolve(name))
 
 
 def load_target(name: str = TARGET, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
@@ -123,7 +126,7 @@ def load_target(name: str = TARGET, *, dtype: torch.dtype = torch.float32, devic
     device; then `device` is ignored."""
     from transformers import AutoModelForCausalLM
 
-    path = target_dir() if name == TARGET else name
+    path = target_dir() if name == TARGET else resolve(name, "target")
     kw = dict(dtype=dtype)
     if device_map is not None:
         kw["device_map"] = device_map
@@ -131,24 +134,101 @@ def load_target(name: str = TARGET, *, dtype: torch.dtype = torch.float32, devic
     return model if device_map is not None else model.to(device)
 
 
+# ---- the registry of draft kinds -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DraftKind:
+    """How to load a stored draft of one kind (the "kind" of its manifest.json): `load(folder, manifest, dtype=,
+    target=)` returns a draft that meets `specrepro.protocol`; `needs_target` says whether it copies parts of the
+    target (which `load_draft` then passes)."""
+
+    load: Callable
+    needs_target: bool = False
+    about: str = ""
+
+
+def _load_hybrid(folder: Path, manifest: dict, *, dtype: torch.dtype = torch.float32, target=None):
+    cfg = manifest["config"]
+    inner = load_shipped(Path(folder).parent / cfg["model"], dtype=dtype, target=target)
+    return drafts.LookupHybridDraft(inner, max_ngram=cfg["max_ngram"], min_ngram=cfg["min_ngram"])
+
+
+def _load_lens(folder: Path, manifest: dict, *, dtype: torch.dtype = torch.float32, target=None):
+    return lens.load_lens(folder, target, dtype=dtype)
+
+
+# Adding a draft method: one module that defines the draft and its load function, and one line here.
+DRAFT_KINDS = MappingProxyType({
+    "small": DraftKind(drafts.load_small, about="a small Phi transformer distilled from the target"),
+    "early_exit": DraftKind(drafts.load_early_exit, True, "the target's first layers, fine-tuned read-out"),
+    "prompt_lookup": DraftKind(drafts.load_prompt_lookup, about="n-gram lookup in the sequence itself"),
+    "lookup_hybrid": DraftKind(_load_hybrid, about="prompt lookup, a small draft where nothing matches"),
+    "lens": DraftKind(_load_lens, True, "the target's first k layers read out by a tuned lens"),
+    "feature": DraftKind(eagle.load, True, "one decoder layer reading the target's hidden states (EAGLE)"),
+})
+
+
+def draft_kind(folder: Path) -> DraftKind:
+    """The registered kind of a stored draft folder, or an error naming the registered kinds."""
+    kind = drafts.read_manifest(folder).get("kind")
+    if kind not in DRAFT_KINDS:
+        raise ValueError(f"{folder}/manifest.json has kind {kind!r}, which no loader is registered for; registered "
+                         f"kinds: {sorted(DRAFT_KINDS)} (specrepro.models.DRAFT_KINDS)")
+    return DRAFT_KINDS[kind]
+
+
+def needs_target(folder: Path) -> bool:
+    """Whether loading this draft folder copies parts of the target (a hybrid asks its inner draft)."""
+    manifest = drafts.read_manifest(folder)
+    if manifest.get("kind") == "lookup_hybrid":
+        return needs_target(Path(folder).parent / manifest["config"]["model"])
+    return draft_kind(folder).needs_target
+
+
+def load_shipped(folder: Path, *, dtype: torch.dtype = torch.float32, target=None):
+    """Any stored draft folder, through the loader its manifest's kind is registered with, in eval mode."""
+    kind = draft_kind(folder)
+    if needs_target(folder) and target is None:
+        raise ValueError(f"{folder} copies parts of the target: pass target=... (load_draft does)")
+    return kind.load(Path(folder), drafts.read_manifest(folder), dtype=dtype, target=target).eval()
+
+
+def shipped_drafts() -> list[str]:
+    """The names of the drafts under data/models/."""
+    return sorted(p.parent.name for p in paths.MODELS.glob("*/manifest.json"))
+
+
+def _unknown(name: str, role: str) -> ModelFilesMissing:
+    return ModelFilesMissing(
+        f"no {role} named {name!r}: the shipped target is {TARGET!r}, the shipped drafts are {shipped_drafts()}; "
+        f"a local folder must exist, and a Hugging Face id (owner/name) needs its files in the local Hugging Face "
+        "cache or a network connection")
+
+
+def resolve(name: str, role: str = "model") -> str:
+    """Check a model name before anything is loaded: the built-in target, a shipped draft, an existing folder, or
+    something shaped like a Hugging Face id (owner/name). Anything else is a typo, refused with the list of what
+    is shipped instead of a hub error."""
+    if name == TARGET or (paths.MODELS / name / "manifest.json").exists() or Path(name).exists():
+        return name
+    if name.count("/") == 1 and all(name.split("/")) and not name.startswith((".", "/")):
+        return name
+    raise _unknown(name, role)
+
+
 def load_draft(name: str, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", target=None):
-    """A shipped draft (data/models/<name>/ with manifest.json) as a standard transformers causal LM with the
-    target's vocabulary size, or any Hugging Face id / local folder. Drafts made of the target's layers (early-exit,
-    lens) copy them from `target` when given (the built-in target, float32), else load it."""
+    """A shipped draft (data/models/<name>/ with manifest.json, loaded through `DRAFT_KINDS`), or any Hugging Face
+    id / local folder (a transformers causal LM). Drafts made of the target's parts (early-exit, lens, feature)
+    copy them from `target` when given (the built-in target, float32), else load it."""
     folder = paths.MODELS / name
-    if folder.is_dir():
-        if drafts.needs_target(folder) and target is None:
+    if (folder / "manifest.json").exists():
+        if needs_target(folder) and target is None:
             target = load_target(dtype=torch.float32)
-        if drafts.read_manifest(folder)["kind"] == "lens":
-            return lens.load_lens(folder, target, dtype=dtype).to(device)
-        return drafts.load_shipped(folder, dtype=dtype, target=target).to(device).eval()
+        return load_shipped(folder, dtype=dtype, target=target).to(device)
     if name == TARGET:
         return load_target(dtype=dtype, device=device)
-    if Path(name).exists() or "/" in name:
-        return load_target(name, dtype=dtype, device=device)
-    shipped = sorted(p.parent.name for p in paths.MODELS.glob("*/manifest.json"))
-    raise ModelFilesMissing(f"no draft named {name!r}: shipped drafts are {shipped}; or pass a Hugging Face id or "
-                            "a local folder")
+    return load_target(resolve(name, "draft"), dtype=dtype, device=device)
 
 
 def load_pair(target: str = TARGET, draft: str | None = None, *, dtype: torch.dtype = torch.float32,
@@ -157,6 +237,7 @@ def load_pair(target: str = TARGET, draft: str | None = None, *, dtype: torch.dt
     token by token, so both must score the same vocabulary."""
     if draft is None:
         raise ValueError("name a draft: one of the shipped drafts in data/models/, a Hugging Face id or a folder")
+    resolve(target, "target"), resolve(draft, "draft")
     tokenizer = load_tokenizer(target)
     draft_tokenizer = load_tokenizer(draft)
     if tokenizer.get_vocab() != draft_tokenizer.get_vocab():

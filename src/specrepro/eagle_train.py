@@ -1,0 +1,160 @@
+"""Training the feature draft (`specrepro.eagle`) by distillation on the target's own answers.
+
+The data are the ladder's (`distill.target_answers`: the target's greedy answers to chat-formatted code and text
+requests from sources disjoint from the evaluation prompts, with its top-20 log-probabilities at every answer
+position). One forward of the target per batch of rows gives its hidden states at every position; the draft is
+trained on them with the training-time test (`FeatureDraft.unrolled`): the loss is the forward KL to the target's
+top-k distribution (`train.distillation_loss`), averaged over draft depths 1..depth, at the answer positions.
+Every 10th row is held out; the held-out top-1 agreement per depth is what alpha at gamma = depth can reach
+greedy (the depth-k agreement is measured with the draft's own states before it, as in the loop).
+
+`python -m specrepro.eagle_train` (or `make eagle`) generates or reuses the answers, trains and stores
+data/models/<name>/.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from . import paths
+from .drafts import cut_vocabulary, full_to_cut
+from .eagle import FEATURE_LAYERS, FeatureDraft, save
+from .train import TrainConfig, distillation_loss, lr_at
+
+
+@dataclass(frozen=True)
+class FeatureDraftConfig:
+    name: str = "feature-1"
+    layers: int = 1  # decoder layers of the draft
+    feature_layers: tuple[int, ...] = FEATURE_LAYERS
+    keep: int = 8191  # ids of the cut head (plus the catch-all)
+    depth: int = 2  # draft depths unrolled in training (training-time test)
+    holdout: int = 10  # every holdout-th row is held out
+    train: TrainConfig = TrainConfig(epochs=4, batch_rows=8, lr=1e-3, warmup_steps=20, weight_decay=0.0)
+
+
+@torch.no_grad()
+def target_features(target, tokens: torch.Tensor, layers: tuple[int, ...], batch_rows: int = 8) -> torch.Tensor:
+    """The target's hidden states `layers` (concatenated) at every position of every row, (N, T, F) bfloat16
+    (half the memory; the draft reads them in its own dtype)."""
+    out = []
+    for s in range(0, tokens.shape[0], batch_rows):
+        hs = target.model(input_ids=tokens[s:s + batch_rows], output_hidden_states=True).hidden_states
+        out.append(torch.cat([hs[i] for i in layers], -1).to(torch.bfloat16))
+    return torch.cat(out)
+
+
+def batch_loss(draft: FeatureDraft, tokens, feats, mask, ids, logp, depth: int) -> tuple[torch.Tensor, list[float]]:
+    """Mean over depths of the distillation loss at the labelled positions a depth can reach (j >= depth - 1), and
+    the top-1 agreement per depth. ids are cut-vocabulary ids (B, T, k)."""
+    used = int(mask.any(0).nonzero().max()) + 1 if mask.any() else 1
+    tokens, feats, mask, ids, logp = (x[:, :used] for x in (tokens, feats, mask, ids, logp))
+    losses, agree = [], []
+    for k, a in enumerate(draft.unrolled(tokens, feats, depth), start=1):
+        m = mask.clone()
+        m[:, :k - 1] = False
+        loss, ag = distillation_loss(draft.cut_logits(a[m])[:, None], ids[m][:, None], logp[m][:, None])
+        losses.append(loss)
+        agree.append(ag.item())
+    return torch.stack(losses).mean(), agree
+
+
+def train(target, labels: dict, cfg: FeatureDraftConfig = FeatureDraftConfig(), *, log=print
+          ) -> tuple[FeatureDraft, dict]:
+    """Train a feature draft on `labels` (`distill.target_answers`); returns it and its manifest fields."""
+    held = torch.arange(labels["tokens"].shape[0]) % cfg.holdout == cfg.holdout - 1
+    parts = {name: {k: v[rows] for k, v in labels.items() if isinstance(v, torch.Tensor)}
+             for name, rows in (("train", ~held), ("val", held))}
+    kept = cut_vocabulary(parts["train"]["tokens"], parts["train"]["topk_ids"], cfg.keep)
+    table = full_to_cut(kept)
+    t0 = time.perf_counter()
+    feats = {name: target_features(target, d["tokens"], cfg.feature_layers) for name, d in parts.items()}
+    log(f"target features of {sum(len(d['tokens']) for d in parts.values())} rows in {time.perf_counter() - t0:.0f} s")
+    draft = FeatureDraft(target, kept, cfg.feature_layers, cfg.layers).train()
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.train.lr, betas=(0.9, 0.95), weight_decay=cfg.train.weight_decay)
+    g = torch.Generator().manual_seed(cfg.train.seed)
+    n = parts["train"]["tokens"].shape[0]
+    per_epoch = math.ceil(n / cfg.train.batch_rows)
+    steps = max(1, math.ceil(cfg.train.epochs * per_epoch))
+    history, step = [], 0
+
+    def rows(name, idx):
+        d = parts[name]
+        return d["tokens"][idx], feats[name][idx], d["mask"][idx], table[d["topk_ids"][idx].long()], d["topk_logp"][idx]
+
+    def evaluate() -> tuple[float, list[float]]:
+        draft.eval()
+        with torch.no_grad():
+            total, agree, count = 0.0, None, 0
+            for s in range(0, len(parts["val"]["tokens"]), cfg.train.batch_rows):
+                idx = torch.arange(s, min(s + cfg.train.batch_rows, len(parts["val"]["tokens"])))
+                w = int(parts["val"]["mask"][idx].sum())
+                loss, ag = batch_loss(draft, *rows("val", idx), cfg.depth)
+                total += loss.item() * w
+                agree = [a * w for a in ag] if agree is None else [x + a * w for x, a in zip(agree, ag)]
+                count += w
+        draft.train()
+        return total / count, [a / count for a in agree]
+
+    while step < steps:
+        order = torch.randperm(n, generator=g)
+        for s in range(0, n, cfg.train.batch_rows):
+            if step == steps:
+                break
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, steps, cfg.train)
+            loss, agree = batch_loss(draft, *rows("train", order[s:s + cfg.train.batch_rows]), cfg.depth)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            step += 1
+            if step % cfg.train.log_every == 0 or step == steps:
+                log(f"step {step}/{steps}: loss {loss.item():.3f}, agreement by depth "
+                    f"{[round(a, 3) for a in agree]} ({time.perf_counter() - t0:.0f} s)")
+        val_loss, val_agree = evaluate()
+        history.append(dict(step=step, epoch=step / per_epoch, loss=loss.item(), heldout_loss=val_loss,
+                            heldout_top1_agreement_by_depth=val_agree, seconds=time.perf_counter() - t0))
+        log(f"epoch {step / per_epoch:.1f}: held-out loss {val_loss:.3f}, top-1 agreement by depth "
+            f"{[round(a, 3) for a in val_agree]}")
+    draft.eval()
+    fields = dict(name=cfg.name, corpus_key=labels["key"], config=asdict(cfg), history=history,
+                  train_rows=int((~held).sum()), heldout_rows=int(held.sum()),
+                  heldout_top1_agreement_by_depth=history[-1]["heldout_top1_agreement_by_depth"],
+                  weights_read=draft.weights_read(), trained_numbers=sum(p.numel() for p in params))
+    return draft, fields
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m specrepro.eagle_train`: generate (or reuse) the target's answers, train and store the draft."""
+    import argparse
+
+    from . import distill, models
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--name", default=FeatureDraftConfig.name)
+    ap.add_argument("--layers", type=int, default=FeatureDraftConfig.layers)
+    ap.add_argument("--depth", type=int, default=FeatureDraftConfig.depth)
+    ap.add_argument("--epochs", type=float, default=FeatureDraftConfig.train.epochs)
+    ap.add_argument("--n-code", type=int, default=768)
+    ap.add_argument("--n-text", type=int, default=288)
+    ap.add_argument("--folder", type=Path, default=paths.MODELS)
+    args = ap.parse_args(argv)
+    target, tokenizer = models.load_target(), models.load_tokenizer()
+    dcfg = distill.DistillConfig(n_code=args.n_code, n_text=args.n_text, max_new_tokens=128, context=384)
+    labels = distill.target_answers(target, tokenizer, dcfg, target_id=models.GGUF_SHA256)
+    cfg = FeatureDraftConfig(name=args.name, layers=args.layers, depth=args.depth,
+                             train=TrainConfig(**asdict(FeatureDraftConfig.train) | {"epochs": args.epochs}))
+    draft, fields = train(target, labels, cfg)
+    save(args.folder / cfg.name, draft, fields | {"target": models.GGUF_SHA256})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
