@@ -4,6 +4,8 @@ import pytest
 import torch
 
 from specrepro import equivalence as E
+from specrepro.generate import decode_in_batches
+from specrepro.sampling import SamplingConfig
 from specrepro.tiny import tiny_pair
 
 PAD = 0
@@ -15,7 +17,7 @@ def pair_and_prompts():
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(1, 16, (int(n),), generator=g).tolist()
                for n in torch.randint(1, 12, (16,), generator=g)]
-    refs, _ = E.decode_in_batches(target, None, prompts, batch_size=1, max_new_tokens=16, pad_token_id=PAD)
+    refs, _ = decode_in_batches(target, None, prompts, batch_size=1, max_new_tokens=16, pad_token_id=PAD)
     return target, draft, prompts, refs
 
 
@@ -43,7 +45,7 @@ def test_a_divergence_at_a_clear_margin_is_a_bug_and_at_a_tie_a_near_tie():
 def test_ours_is_exact_at_every_batch_size(pair_and_prompts, batch_size):
     target, draft, prompts, refs = pair_and_prompts
     for d in (None, draft):
-        out, _ = E.decode_in_batches(target, d, prompts, batch_size=batch_size, max_new_tokens=16, pad_token_id=PAD)
+        out, _ = decode_in_batches(target, d, prompts, batch_size=batch_size, max_new_tokens=16, pad_token_id=PAD)
         s = E.summary(E.compare(target, prompts, refs, out))
         assert s["exact_match"] == 1.0 and s["bugs"] == 0
 
@@ -51,7 +53,7 @@ def test_ours_is_exact_at_every_batch_size(pair_and_prompts, batch_size):
 @pytest.mark.parametrize("control", [E.PadsAttended, E.CroppedToShortestRow])
 def test_both_controls_are_flagged(pair_and_prompts, control):
     target, draft, prompts, refs = pair_and_prompts
-    out, _ = E.decode_in_batches(target, draft, prompts, batch_size=8, max_new_tokens=16, pad_token_id=PAD,
+    out, _ = decode_in_batches(target, draft, prompts, batch_size=8, max_new_tokens=16, pad_token_id=PAD,
                                  cached_model=control)
     s = E.summary(E.compare(target, prompts, refs, out))
     mismatched = round(s["prompts"] * (1 - s["exact_match"]))
@@ -74,15 +76,15 @@ def test_crossover_is_where_speculation_stops_paying_for_good():
 
 def test_sampled_batches_draw_per_prompt_so_the_batch_size_does_not_change_a_row(pair_and_prompts):
     target, draft, prompts, _ = pair_and_prompts
-    cfg = E.SamplingConfig(1.0, top_p=0.9)
+    cfg = SamplingConfig(1.0, top_p=0.9)
     for d in (None, draft):
-        alone, _ = E.decode_in_batches(target, d, prompts, batch_size=1, max_new_tokens=12, pad_token_id=PAD,
+        alone, _ = decode_in_batches(target, d, prompts, batch_size=1, max_new_tokens=12, pad_token_id=PAD,
+                                     cfg=cfg, seed=7)
+        batched, _ = decode_in_batches(target, d, prompts, batch_size=5, max_new_tokens=12, pad_token_id=PAD,
                                        cfg=cfg, seed=7)
-        batched, _ = E.decode_in_batches(target, d, prompts, batch_size=5, max_new_tokens=12, pad_token_id=PAD,
-                                         cfg=cfg, seed=7)
-        other_seed, _ = E.decode_in_batches(target, d, prompts, batch_size=5, max_new_tokens=12, pad_token_id=PAD,
-                                            cfg=cfg, seed=8)
+        other_seed, _ = decode_in_batches(target, d, prompts, batch_size=5, max_new_tokens=12, pad_token_id=PAD,
+                                          cfg=cfg, seed=8)
         assert alone == batched  # float64: the batch's numerics cannot move a draw across a CDF boundary
         assert other_seed != batched
     with pytest.raises(ValueError, match="sampling needs a seed"):
-        E.decode_in_batches(target, None, prompts, batch_size=2, max_new_tokens=4, pad_token_id=PAD, cfg=cfg)
+        decode_in_batches(target, None, prompts, batch_size=2, max_new_tokens=4, pad_token_id=PAD, cfg=cfg)

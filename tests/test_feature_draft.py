@@ -152,12 +152,14 @@ def test_feature_draft_round_trips_through_the_registry(feature_pair, tmp_path):
         load(tmp_path / "f")
 
 
-def test_training_time_test_computes_what_the_loop_computes(feature_pair):
+@pytest.mark.parametrize("regress", [False, True], ids=["eagle3", "eagle1-regress"])
+def test_training_time_test_computes_what_the_loop_computes(pair64, regress):
     # depth k at position j in `unrolled` = catch up on positions 0..j-k+1 with the target's features, then feed
     # the next k - 1 tokens one at a time on the draft's own states, as `propose` does
     from specrepro.kvcache import model_forward
 
-    target, draft = feature_pair
+    target, _ = pair64
+    draft = tiny_feature_draft(target, regress=regress)
     tokens = torch.tensor([[0, 3, 5, 1, 6, 2, 4]])
     with torch.no_grad():
         hs = target(input_ids=tokens, output_hidden_states=True).hidden_states
@@ -183,7 +185,8 @@ def test_chain_mask_lets_each_depth_see_what_the_loop_shows_it():
     assert m[4 + 0].tolist() == [False] * 4 + [True, False, False, False]
 
 
-def test_feature_draft_training_lowers_the_loss_on_tiny_data(pair64):
+@pytest.mark.parametrize("regress", [0.0, 1.0])
+def test_feature_draft_training_lowers_the_loss_on_tiny_data(pair64, regress):
     from specrepro.eagle_train import FeatureDraftConfig, train
     from specrepro.train import TrainConfig
 
@@ -196,9 +199,27 @@ def test_feature_draft_training_lowers_the_loss_on_tiny_data(pair64):
     top = logp.topk(k, -1)
     labels = dict(tokens=tokens, mask=torch.ones(N, T, dtype=torch.bool), topk_ids=top.indices.int(),
                   topk_logp=top.values.half(), key="tiny")
-    cfg = FeatureDraftConfig(feature_layers=(0, 2), keep=V - 1, depth=2, holdout=5,
+    cfg = FeatureDraftConfig(feature_layers=(2,) if regress else (0, 2), keep=V - 1, depth=2, holdout=5,
+                             regress=regress,
                              train=TrainConfig(epochs=30, batch_rows=4, lr=1e-2, warmup_steps=2, log_every=1000))
-    draft, fields = train(target.float(), labels | {"tokens": tokens}, cfg, log=lambda _: None)
+    draft, fields = train(target.float(), labels, cfg, log=lambda _: None, cache_features=False)
     first, last = fields["history"][0], fields["history"][-1]
     assert last["heldout_loss"] < first["heldout_loss"]
     assert len(last["heldout_top1_agreement_by_depth"]) == 2
+
+
+@pytest.mark.slow
+def test_corpus_rows_carry_the_targets_labels_and_features():
+    from specrepro import models
+    from specrepro.eagle_train import corpus_labels
+
+    try:
+        target, tok = models.load_target(), models.load_tokenizer()
+    except models.ModelFilesMissing as err:
+        pytest.skip(str(err))
+    lab = corpus_labels(target, tok, rows=4, context=32, layers=(2, 30))
+    assert lab["tokens"].shape == (4, 32) and lab["features"].shape == (4, 32, 2 * 576) and lab["mask"].all()
+    with torch.no_grad():
+        out = target(input_ids=lab["tokens"][:1], output_hidden_states=True)
+    assert lab["topk_ids"][0, :, 0].tolist() == out.logits[0].argmax(-1).tolist()  # the target's own top-1
+    assert torch.allclose(lab["features"][0, :, 576:].float(), out.hidden_states[30][0], atol=0.05, rtol=0.02)

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .equivalence import decode_in_batches
-from .generate import GenerationResult, pooled_alpha
+from .generate import GenerationResult, decode_in_batches, pooled_alpha
 from .intervals import Interval, bootstrap, speedup
 from .timing import forward_seconds
 

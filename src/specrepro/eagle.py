@@ -64,7 +64,7 @@ class FeatureDraft(nn.Module):
     reads (the loops pass them, `specrepro.protocol`)."""
 
     def __init__(self, target, kept: torch.Tensor, feature_layers: tuple[int, ...] = FEATURE_LAYERS,
-                 layers: int = 1):
+                 layers: int = 1, regress: bool = False):
         super().__init__()
         from transformers import LlamaModel
 
@@ -85,8 +85,14 @@ class FeatureDraft(nn.Module):
         for i, layer in enumerate(self.body.layers):  # start from the target's last layers
             layer.load_state_dict(target.model.layers[n - layers + i].state_dict())
         self.body.norm = nn.Identity()  # the body returns a_j; the head normalises it
-        self.final_norm = type(target.model.norm)(d, eps=tc.rms_norm_eps)
-        self.final_norm.load_state_dict(target.model.norm.state_dict())
+        if regress and tuple(feature_layers) != (n,):
+            raise ValueError(f"a regressing draft reads the target's top state alone: feature_layers=({n},)")
+        self.regress = regress
+        if regress:  # a_j lives where the target's top state does (already normed): the head reads it as it is
+            self.final_norm = nn.Identity()
+        else:
+            self.final_norm = type(target.model.norm)(d, eps=tc.rms_norm_eps)
+            self.final_norm.load_state_dict(target.model.norm.state_dict())
         self.register_buffer("embed", target.get_input_embeddings().weight.detach(), persistent=False)  # (V, d)
         self.fuse = nn.Linear(len(feature_layers) * d, d, bias=False)
         self.inp = nn.Linear(2 * d, d, bias=False)
@@ -117,6 +123,11 @@ class FeatureDraft(nn.Module):
         """W_in [g; E x]: (B, T) ids and (B, T, d) fused features -> (B, T, d)."""
         return self.inp(torch.cat([g, nn.functional.embedding(input_ids, self.embed)], -1))
 
+    def own(self, a: torch.Tensor) -> torch.Tensor:
+        """The input a drafted token gets from the draft's output a at the position before: a itself (EAGLE-3),
+        or, for a regressing draft whose a estimates the target's top state, a through the same fusion."""
+        return self.fuse(a) if self.regress else a
+
     def cut_logits(self, a: torch.Tensor) -> torch.Tensor:
         """(..., d) outputs -> (..., keep + 1) logits over the cut vocabulary."""
         return self.head(self.final_norm(a))
@@ -140,7 +151,7 @@ class FeatureDraft(nn.Module):
                 h = layer(h, attention_mask=mask, position_ids=position_ids, position_embeddings=rope)
             outs.append(h[:, -T:])
             if k < depth:
-                xs.append(self.inputs(tokens, torch.cat([h.new_zeros(B, 1, h.shape[-1]), h[:, -T:-1]], 1)))
+                xs.append(self.inputs(tokens, self.own(torch.cat([h.new_zeros(B, 1, h.shape[-1]), h[:, -T:-1]], 1))))
         return outs
 
     def forward(self, input_ids: torch.Tensor, cache: FeatureCache | None = None, use_cache: bool = True,
@@ -149,7 +160,7 @@ class FeatureDraft(nn.Module):
         if target_features is not None:
             g = self.fuse(target_features.to(self.fuse.weight.dtype))  # (B, T, d)
         elif cache is not None and cache.last is not None and input_ids.shape[1] == 1:
-            g = cache.last[:, None]  # a drafted token: the draft's own output at the position before
+            g = self.own(cache.last[:, None])  # a drafted token: the draft's own output at the position before
         else:
             raise ValueError("the feature draft needs target_features with the tokens it catches up on; only a "
                              "single drafted token after a forward may go without (specrepro.protocol)")
@@ -192,7 +203,8 @@ def save(folder: Path, draft: FeatureDraft, manifest: dict) -> None:
     with paths.writing_dir(folder) as tmp:
         save_file(state | {"kept_ids": draft.head.kept.int()}, tmp / "weights.safetensors")
         write_manifest(tmp / "manifest.json", manifest | {
-            "kind": "feature", "layers": draft.layers, "feature_layers": list(draft.target_features)})
+            "kind": "feature", "layers": draft.layers, "feature_layers": list(draft.target_features),
+            "regress": draft.regress})
 
 
 def load(folder: Path, manifest: dict | None = None, *, dtype: torch.dtype = torch.float32, target=None
@@ -205,7 +217,8 @@ def load(folder: Path, manifest: dict | None = None, *, dtype: torch.dtype = tor
         raise ValueError(f"{folder} is a feature draft that reads the target's embedding: pass target=... "
                          "(specrepro.models.load_draft does)")
     state = load_file(Path(folder) / "weights.safetensors")
-    draft = FeatureDraft(target, state.pop("kept_ids").long(), tuple(manifest["feature_layers"]), manifest["layers"])
+    draft = FeatureDraft(target, state.pop("kept_ids").long(), tuple(manifest["feature_layers"]), manifest["layers"],
+                         manifest.get("regress", False))
     missing, unexpected = draft.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
     buffers = {k for k, _ in draft.named_buffers()}
     if unexpected or set(missing) - buffers:

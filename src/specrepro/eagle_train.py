@@ -34,48 +34,123 @@ class FeatureDraftConfig:
     feature_layers: tuple[int, ...] = FEATURE_LAYERS
     keep: int = 8191  # ids of the cut head (plus the catch-all)
     depth: int = 2  # draft depths unrolled in training (training-time test)
+    regress: float = 0.0  # > 0: EAGLE-1's feature regression (the top state alone), this weight on smooth L1,
+    # beside 0.1 x the distillation loss (Li et al. 2024, Sec. 4.2); 0: the distillation loss alone
     holdout: int = 10  # every holdout-th row is held out
     train: TrainConfig = TrainConfig(epochs=4, batch_rows=8, lr=1e-3, warmup_steps=20, weight_decay=0.0)
 
 
 @torch.no_grad()
-def target_features(target, tokens: torch.Tensor, layers: tuple[int, ...], batch_rows: int = 8) -> torch.Tensor:
-    """The target's hidden states `layers` (concatenated) at every position of every row, (N, T, F) bfloat16
-    (half the memory; the draft reads them in its own dtype)."""
-    out = []
+def target_features(target, tokens: torch.Tensor, mask: torch.Tensor, layers: tuple[int, ...],
+                    batch_rows: int = 8) -> torch.Tensor:
+    """The target's hidden states `layers` (concatenated) at every position of every row up to its batch's last
+    labelled one (`mask`; zeros after, where no loss reads), (N, T, F) bfloat16 (half the memory; the draft reads
+    them in its own dtype)."""
+    width = len(layers) * target.config.hidden_size
+    out = torch.zeros(tokens.shape[0], tokens.shape[1], width, dtype=torch.bfloat16)
     for s in range(0, tokens.shape[0], batch_rows):
-        hs = target.model(input_ids=tokens[s:s + batch_rows], output_hidden_states=True).hidden_states
-        out.append(torch.cat([hs[i] for i in layers], -1).to(torch.bfloat16))
-    return torch.cat(out)
+        m = mask[s:s + batch_rows]
+        used = int(m.any(0).nonzero().max()) + 1 if m.any() else 1
+        hs = target.model(input_ids=tokens[s:s + batch_rows, :used], output_hidden_states=True).hidden_states
+        out[s:s + batch_rows, :used] = torch.cat([hs[i] for i in layers], -1).to(torch.bfloat16)
+    return out
 
 
-def batch_loss(draft: FeatureDraft, tokens, feats, mask, ids, logp, depth: int) -> tuple[torch.Tensor, list[float]]:
+@torch.no_grad()
+def corpus_labels(target, tokenizer, *, rows: int, context: int = 384, layers: tuple[int, ...] = FEATURE_LAYERS,
+                  top_k: int = 20, seed: int = 0, batch_rows: int = 8) -> dict:
+    """More rows for the draft, cheaply: windows of `context` tokens from Python's standard library and the plays
+    that are not held out (half each, at seeded offsets), with the target's top-k log-probabilities and its
+    features at every position from one teacher-forced forward per batch (no generation, so about as many tokens
+    a second as the target reads, against tens for answers). Off-policy text, but the labels are the target's
+    own distributions. Returns the `distill.target_answers` fields plus `features` (N, context, F) bfloat16."""
+    import random
+
+    from .data import HELD_OUT_PLAYS, shakespeare_plays, stdlib_files
+
+    rng = random.Random(seed)
+    sources = {"code": stdlib_files(), "text": [p for n, p in shakespeare_plays().items() if n not in HELD_OUT_PLAYS]}
+    windows = []
+    for kind, files in sources.items():
+        files = list(files)
+        rng.shuffle(files)
+        want, got = (rows // 2 if kind == "code" else rows - rows // 2), 0
+        for path in files:
+            if got == want:
+                break
+            ids = tokenizer(path.read_text(encoding="utf-8", errors="replace"), add_special_tokens=False).input_ids
+            for _ in range(min(want - got, len(ids) // (8 * context))):  # a few windows a file, so many files count
+                start = rng.randrange(len(ids) - context)
+                windows.append(ids[start:start + context])
+                got += 1
+    tokens = torch.tensor(windows, dtype=torch.long)
+    out = dict(tokens=tokens, mask=torch.ones_like(tokens, dtype=torch.bool))
+    width = len(layers) * target.config.hidden_size
+    feats = torch.zeros(len(tokens), context, width, dtype=torch.bfloat16)
+    top_ids = torch.zeros(len(tokens), context, top_k, dtype=torch.int32)
+    top_logp = torch.zeros(len(tokens), context, top_k, dtype=torch.float16)
+    for s in range(0, len(tokens), batch_rows):
+        o = target(input_ids=tokens[s:s + batch_rows], output_hidden_states=True)
+        top = o.logits.float().log_softmax(-1).topk(top_k, -1)
+        top_ids[s:s + batch_rows], top_logp[s:s + batch_rows] = top.indices.int(), top.values.half()
+        feats[s:s + batch_rows] = torch.cat([o.hidden_states[i] for i in layers], -1).to(torch.bfloat16)
+    return out | dict(topk_ids=top_ids, topk_logp=top_logp, features=feats, answer_tokens=int(out["mask"].sum()))
+
+
+def cached_features(target, part: dict, cfg: FeatureDraftConfig, key: str) -> torch.Tensor:
+    """`target_features` of a part of the distillation set, kept under data/cache/features/ (git-ignored) so that
+    a second training run on the same answers, target and layers skips the target's forwards."""
+    layers = "-".join(map(str, cfg.feature_layers))
+    path = paths.CACHE / "features" / f"{key}-h{cfg.holdout}-l{layers}.pt"
+    if path.exists():
+        return torch.load(path)
+    feats = target_features(target, part["tokens"], part["mask"], cfg.feature_layers)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with paths.writing_file(path) as tmp:
+        torch.save(feats, tmp)
+    return feats
+
+
+def batch_loss(draft: FeatureDraft, tokens, feats, mask, ids, logp, depth: int, regress: float = 0.0
+               ) -> tuple[torch.Tensor, list[float]]:
     """Mean over depths of the distillation loss at the labelled positions a depth can reach (j >= depth - 1), and
-    the top-1 agreement per depth. ids are cut-vocabulary ids (B, T, k)."""
+    the top-1 agreement per depth. ids are cut-vocabulary ids (B, T, k). With `regress` > 0 (a regressing draft,
+    EAGLE-1), the loss is regress x smooth L1 between a_j and the target's top state at j, at every position of
+    the request and the answer, plus 0.1 x the distillation loss."""
     used = int(mask.any(0).nonzero().max()) + 1 if mask.any() else 1
     tokens, feats, mask, ids, logp = (x[:, :used] for x in (tokens, feats, mask, ids, logp))
+    last = torch.where(mask, torch.arange(used), -1).max(-1).values  # (B,) each row's last labelled position
     losses, agree = [], []
     for k, a in enumerate(draft.unrolled(tokens, feats, depth), start=1):
         m = mask.clone()
         m[:, :k - 1] = False
         loss, ag = distillation_loss(draft.cut_logits(a[m])[:, None], ids[m][:, None], logp[m][:, None])
+        if regress > 0:
+            real = torch.arange(used)[None] <= last[:, None]  # (B, T): the row's request and answer
+            real[:, :k - 1] = False
+            loss = regress * torch.nn.functional.smooth_l1_loss(a[real], feats[real].to(a.dtype)) + 0.1 * loss
         losses.append(loss)
         agree.append(ag.item())
     return torch.stack(losses).mean(), agree
 
 
-def train(target, labels: dict, cfg: FeatureDraftConfig = FeatureDraftConfig(), *, log=print
-          ) -> tuple[FeatureDraft, dict]:
-    """Train a feature draft on `labels` (`distill.target_answers`); returns it and its manifest fields."""
+def train(target, labels: dict, cfg: FeatureDraftConfig = FeatureDraftConfig(), *, log=print,
+          cache_features: bool = True) -> tuple[FeatureDraft, dict]:
+    """Train a feature draft on `labels` (`distill.target_answers`); returns it and its manifest fields. The
+    target's features are cached by the labels' key (`cached_features`) unless `cache_features` is false."""
     held = torch.arange(labels["tokens"].shape[0]) % cfg.holdout == cfg.holdout - 1
     parts = {name: {k: v[rows] for k, v in labels.items() if isinstance(v, torch.Tensor)}
              for name, rows in (("train", ~held), ("val", held))}
     kept = cut_vocabulary(parts["train"]["tokens"], parts["train"]["topk_ids"], cfg.keep)
     table = full_to_cut(kept)
     t0 = time.perf_counter()
-    feats = {name: target_features(target, d["tokens"], cfg.feature_layers) for name, d in parts.items()}
+    if "features" in labels:  # computed with the labels (`corpus_labels`)
+        feats = {name: d["features"] for name, d in parts.items()}
+    else:
+        feats = {name: cached_features(target, d, cfg, f"{labels['key']}-{name}") if cache_features else
+                 target_features(target, d["tokens"], d["mask"], cfg.feature_layers) for name, d in parts.items()}
     log(f"target features of {sum(len(d['tokens']) for d in parts.values())} rows in {time.perf_counter() - t0:.0f} s")
-    draft = FeatureDraft(target, kept, cfg.feature_layers, cfg.layers).train()
+    draft = FeatureDraft(target, kept, cfg.feature_layers, cfg.layers, regress=cfg.regress > 0).train()
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.train.lr, betas=(0.9, 0.95), weight_decay=cfg.train.weight_decay)
     g = torch.Generator().manual_seed(cfg.train.seed)
@@ -95,7 +170,7 @@ def train(target, labels: dict, cfg: FeatureDraftConfig = FeatureDraftConfig(), 
             for s in range(0, len(parts["val"]["tokens"]), cfg.train.batch_rows):
                 idx = torch.arange(s, min(s + cfg.train.batch_rows, len(parts["val"]["tokens"])))
                 w = int(parts["val"]["mask"][idx].sum())
-                loss, ag = batch_loss(draft, *rows("val", idx), cfg.depth)
+                loss, ag = batch_loss(draft, *rows("val", idx), cfg.depth, cfg.regress)
                 total += loss.item() * w
                 agree = [a * w for a in ag] if agree is None else [x + a * w for x, a in zip(agree, ag)]
                 count += w
@@ -109,7 +184,7 @@ def train(target, labels: dict, cfg: FeatureDraftConfig = FeatureDraftConfig(), 
                 break
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, steps, cfg.train)
-            loss, agree = batch_loss(draft, *rows("train", order[s:s + cfg.train.batch_rows]), cfg.depth)
+            loss, agree = batch_loss(draft, *rows("train", order[s:s + cfg.train.batch_rows]), cfg.depth, cfg.regress)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -144,15 +219,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=float, default=FeatureDraftConfig.train.epochs)
     ap.add_argument("--n-code", type=int, default=768)
     ap.add_argument("--n-text", type=int, default=288)
+    ap.add_argument("--corpus-rows", type=int, default=512, help="teacher-forced rows of stdlib code and plays "
+                    "added to the answers (`corpus_labels`); 0: the answers alone")
+    ap.add_argument("--regress", type=float, default=FeatureDraftConfig.regress)
+    ap.add_argument("--lr", type=float, default=FeatureDraftConfig.train.lr)
     ap.add_argument("--folder", type=Path, default=paths.MODELS)
     args = ap.parse_args(argv)
     target, tokenizer = models.load_target(), models.load_tokenizer()
     dcfg = distill.DistillConfig(n_code=args.n_code, n_text=args.n_text, max_new_tokens=128, context=384)
     labels = distill.target_answers(target, tokenizer, dcfg, target_id=models.GGUF_SHA256)
-    cfg = FeatureDraftConfig(name=args.name, layers=args.layers, depth=args.depth,
-                             train=TrainConfig(**asdict(FeatureDraftConfig.train) | {"epochs": args.epochs}))
+    layers = (target.config.num_hidden_layers,) if args.regress > 0 else FeatureDraftConfig.feature_layers
+    cfg = FeatureDraftConfig(name=args.name, layers=args.layers, depth=args.depth, regress=args.regress,
+                             feature_layers=layers, train=TrainConfig(**asdict(FeatureDraftConfig.train)
+                                                                      | {"epochs": args.epochs, "lr": args.lr}))
+    labels = labels | {"features": cached_features(target, labels, cfg, labels["key"])}
+    if args.corpus_rows:
+        extra = corpus_labels(target, tokenizer, rows=args.corpus_rows, context=dcfg.context, layers=layers)
+        labels = {k: torch.cat([labels[k], extra[k]]) for k in ("tokens", "mask", "topk_ids", "topk_logp", "features")
+                  } | {"key": f"{labels['key']}+corpus{args.corpus_rows}"}
     draft, fields = train(target, labels, cfg)
-    save(args.folder / cfg.name, draft, fields | {"target": models.GGUF_SHA256})
+    save(args.folder / cfg.name, draft, fields | {"target": models.GGUF_SHA256, "corpus_rows": args.corpus_rows})
     return 0
 
 

@@ -29,9 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .generate import GenerationResult, decode, left_pad
 from .kvcache import CachedModel
-from .sampling import SamplingConfig
 
 # A divergence whose top-1/top-2 logit gap (in the reference graph) is at most this is a numerical near-tie.
 # Bounds on how far one position's logits move between computation graphs: 04-numerics measured up to 8e-5 in
@@ -124,34 +122,6 @@ def transformers_batched_assisted(target, draft, input_ids: torch.Tensor, attent
     except Exception as err:  # the refusal is the result
         return f"refused: {type(err).__name__}: {err}"
     return "ran"
-
-
-GREEDY = SamplingConfig(0)
-
-
-# ---- running a method over a prompt set in batches ------------------------------------------------------------
-
-
-def decode_in_batches(target, draft, prompts: list[list[int]], *, batch_size: int, max_new_tokens: int,
-                      gamma: int = 3, pad_token_id: int, eos_token_id: int | None = None,
-                      cached_model: type[CachedModel] = CachedModel, cfg: SamplingConfig = GREEDY,
-                      seed: int | None = None) -> tuple[list[list[int]], list[GenerationResult]]:
-    """Decoding of `prompts` in left-padded batches of `batch_size` (speculative with `draft`, else autoregressive),
-    greedy unless `cfg` samples. When sampling, prompt i draws from its own generator seeded `seed + i`, so its
-    draws do not depend on the batch it lands in. Returns every prompt's new tokens and each batch's result."""
-    if cfg.temperature > 0 and seed is None:
-        raise ValueError("sampling needs a seed: pass seed=<int> (prompt i draws from a generator seeded seed + i)")
-    outputs, results = [], []
-    for start in range(0, len(prompts), batch_size):
-        ids, mask = left_pad(prompts[start:start + batch_size], pad_token_id)
-        gens = ([torch.Generator().manual_seed(seed + i) for i in range(start, start + ids.shape[0])]
-                if seed is not None else None)
-        r = decode(target, draft, ids, mask, gamma=gamma if draft is not None else 0, max_new_tokens=max_new_tokens,
-                   cfg=cfg, eos={eos_token_id} if eos_token_id is not None else set(), generator=gens,
-                   pad_token_id=pad_token_id, cached_model=cached_model)
-        outputs += [r.sequences[b, ids.shape[1]:ids.shape[1] + s.new_tokens].tolist() for b, s in enumerate(r.rows)]
-        results.append(r)
-    return outputs, results
 
 
 # ---- negative controls: published batching bugs ------------------------------------------------------------------

@@ -6,7 +6,7 @@ both methods answer the same >= 100 prompts per task, each answer is scored (`sp
 the per-prompt differences go through a paired equivalence test (TOST, `numerics.paired_equivalence_test`)
 against a margin fixed before the run, with the power of that design at a true difference of zero beside it.
 
-The answers are decoded in left-padded batches (`equivalence.decode_in_batches`), which makes hundreds of long
+The answers are decoded in left-padded batches (`generate.decode_in_batches`), which makes hundreds of long
 answers affordable on a CPU: each row decodes as it would alone (05-batch checks greedy rows against batch 1 on the
 real pair; tests/test_batch.py and test_equivalence.py check sampled rows' distributions and draws on tiny pairs). When
 sampling, prompt i draws from its own generator (seed + i) under either method; the two methods read their
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .equivalence import decode_in_batches
+from .generate import decode_in_batches
 from .intervals import Interval, bootstrap
 from .numerics import Equivalence, equivalence_power, paired_equivalence_test
 from .sampling import SamplingConfig
