@@ -17,7 +17,8 @@ import torch
 
 from . import paths
 from .data import encode_prompt, format_prompt, load_prompts
-from .generate import autoregressive_generate
+from .generate import autoregressive_generate, preceding_features
+from .protocol import feature_layers
 from .sampling import SamplingConfig, probs_from_logits
 
 
@@ -55,11 +56,24 @@ def target_continuations(target, tokenizer, task: str, *, n_prompts: int, n_toke
 
 
 @torch.no_grad()
-def position_logits(model, prompt_ids: torch.Tensor, new_ids: torch.Tensor) -> torch.Tensor:
-    """Logits predicting each of new_ids[0, i] from prompt + new_ids[:, :i], one full forward: (n, V)."""
+@torch.no_grad()
+def position_logits(model, prompt_ids: torch.Tensor, new_ids: torch.Tensor, *, target=None) -> torch.Tensor:
+    """Logits predicting each of new_ids[0, i] from prompt + new_ids[:, :i], one full forward: (n, V).
+
+    A draft that reads the target's features (`specrepro.protocol`) gets them from a forward of `target`, each
+    token with the state of the position before: every position is then scored as the first drafted token of an
+    iteration (depth 1), which bounds what later drafted tokens of the loop reach with the draft's own states."""
     n = new_ids.shape[1]
     full = torch.cat([prompt_ids, new_ids], dim=1).to(next(model.parameters()).device)
-    return model(input_ids=full, logits_to_keep=n + 1).logits[0, -(n + 1):-1].float().cpu()
+    extra = {}
+    layers = feature_layers(model)
+    if layers:
+        if target is None:
+            raise ValueError("this draft reads the target's features: pass target=...")
+        hs = target(input_ids=full, output_hidden_states=True).hidden_states
+        feats = torch.cat([hs[i] for i in layers], -1)[0]  # (L, F)
+        extra["target_features"] = preceding_features(feats, 0, full.shape[1])[None]  # (1, L, F)
+    return model(input_ids=full, logits_to_keep=n + 1, **extra).logits[0, -(n + 1):-1].float().cpu()
 
 
 def betas(target_logits: torch.Tensor, draft_logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
@@ -78,6 +92,6 @@ def expected_acceptance(target, draft, samples: list[dict], cfg: SamplingConfig,
         if s["new_ids"].shape[1] == 0:
             continue
         tl = target_logits[i] if target_logits is not None else position_logits(target, s["prompt_ids"], s["new_ids"])
-        b = betas(tl, position_logits(draft, s["prompt_ids"], s["new_ids"]), cfg)
+        b = betas(tl, position_logits(draft, s["prompt_ids"], s["new_ids"], target=target), cfg)
         total, count = total + float(b.sum()), count + b.numel()
     return total / count if count else float("nan")

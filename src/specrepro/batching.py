@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import intervals
 from .generate import GenerationResult, decode_in_batches, pooled_alpha
-from .intervals import Interval, bootstrap, speedup
+from .intervals import Interval
 from .timing import forward_seconds
 
 
@@ -72,10 +73,10 @@ def sweep(target, draft, prompts: list[list[int]], *, batch_sizes: list[int], ga
 
 def speedup_interval(ar: BatchedRun, spec: BatchedRun, *, n_boot: int = 2000, seed: int = 0) -> Interval:
     """Speculative over autoregressive time per token at one batch size, bootstrapped over the batches (the units
-    both methods decoded alike; a single batch gets NaN bounds, `intervals.bootstrap`)."""
+    both methods decoded alike; a single batch gets NaN bounds): `intervals.speedup_interval` over batches."""
     if ar.batch_size != spec.batch_size or len(ar.results) != len(spec.results):
         raise ValueError("compare runs of one batch size over the same prompts")
-    return bootstrap(speedup, ar.seconds, ar.tokens, spec.seconds, spec.tokens, n_boot=n_boot, seed=seed)
+    return intervals.speedup_interval(ar.seconds, ar.tokens, spec.seconds, spec.tokens, n_boot=n_boot, seed=seed)
 
 
 def verify_cost(model, batch_sizes: list[int], gamma: int, *, prefix_len: int = 64, repeats: int = 3) -> list[dict]:

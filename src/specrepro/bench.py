@@ -324,9 +324,9 @@ def speedup_interval(runs: list[Run], method: str, *, level: float = 0.95, seed:
     shared = sorted(set(ar) & set(other))
     if not shared:
         raise ValueError(f"no prompt was run by both {baseline!r} and {method!r}")
-    cols = [[ar[k][0] for k in shared], [ar[k][1] for k in shared], [other[k][0] for k in shared],
-            [other[k][1] for k in shared]]
-    return intervals.bootstrap(intervals.speedup, *cols, level=level, seed=seed)
+    return intervals.speedup_interval([ar[k][0] for k in shared], [ar[k][1] for k in shared],
+                                      [other[k][0] for k in shared], [other[k][1] for k in shared], level=level,
+                                      seed=seed)
 
 
 def sweep_row(runs: list[Run], gamma: int, *, draft_ms_per_token: float, verify_steps: list[float]) -> dict:
@@ -433,7 +433,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"in-run costs: decode step {costs.step_ms:.1f} ms, draft {costs.draft_ms:.2f} ms/token, overhead "
           f"{costs.overhead_ms:.2f} ms/iteration, verification in decode steps "
           + ", ".join(f"g={g}: {v:.2f} (x{costs.iterations[g]})" for g, v in costs.verify_steps.items()))
-    print(f"alpha {alpha:.3f}; the generalised walltime model predicts "
+    spec_stats = [r.stats for r in runs if r.method == "speculative"]
+    per_forward = sum(n + 1 for st in spec_stats for n in st.accepted) / sum(st.iterations for st in spec_stats)
+    print(f"alpha {alpha:.3f}, {per_forward:.2f} tokens per target forward; the generalised walltime model predicts "
           f"{walltime.predicted_speedup_in_run(runs):.2f}x with the costs timed in the runs, "
           f"{apart:.2f}x with the costs timed apart")
     return 0

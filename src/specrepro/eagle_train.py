@@ -37,7 +37,7 @@ class FeatureDraftConfig:
     regress: float = 0.0  # > 0: EAGLE-1's feature regression (the top state alone), this weight on smooth L1,
     # beside 0.1 x the distillation loss (Li et al. 2024, Sec. 4.2); 0: the distillation loss alone
     holdout: int = 10  # every holdout-th row is held out
-    train: TrainConfig = TrainConfig(epochs=4, batch_rows=8, lr=1e-3, warmup_steps=20, weight_decay=0.0)
+    train: TrainConfig = TrainConfig(epochs=3, batch_rows=8, lr=3e-3, warmup_steps=20, weight_decay=0.0)
 
 
 @torch.no_grad()

@@ -169,41 +169,43 @@ def decode_ms_per_token(models: dict, prompt: torch.Tensor, n: int = 16, repeats
     if n < 2:
         raise ValueError(f"n must be >= 2 (the first token is left out), got {n}")
     for m in models.values():
-        autoregressive_generate(m, prompt, max_new_tokens=n, temperature=0, compile=compile)
+        _seconds_per_token(m, prompt, n, compile)
     times: dict[str, list[float]] = {name: [] for name in models}
     for _ in range(repeats):
         for name, m in models.items():
-            st = autoregressive_generate(m, prompt, max_new_tokens=n, temperature=0, compile=compile).stats
-            times[name].append(sum(st.iteration_seconds[1:]) / (st.new_tokens - 1))
+            times[name].append(_seconds_per_token(m, prompt, n, compile))
     return {name: 1e3 * statistics.median(t) for name, t in times.items()}
+
+
+def _seconds_per_token(model, prompt: torch.Tensor, n: int, compile) -> float:
+    """One greedy decoding of n tokens, seconds per token after the first. A draft that reads the target's
+    features cannot decode alone: it runs as it drafts (`drafting_seconds`)."""
+    if feature_layers(model):
+        return drafting_seconds(model, prompt, n)
+    st = autoregressive_generate(model, prompt, max_new_tokens=n, temperature=0, compile=compile).stats
+    return sum(st.iteration_seconds[1:]) / (st.new_tokens - 1)
 
 
 def draft_ms_per_token(draft, prompt: torch.Tensor, n: int = 16, repeats: int = 3, compile=False) -> float:
     """The draft's own greedy decoding time per token after the first (`decode_ms_per_token`): its cost c times
-    the target's decode time per token. A draft that reads the target's features cannot decode alone: it is
-    timed as it drafts, one token a forward on its own states after a catch-up on the prompt (zero features)."""
-    if feature_layers(draft):
-        return 1e3 * drafting_seconds(draft, prompt, n, repeats)
+    the target's decode time per token."""
     return decode_ms_per_token({"draft": draft}, prompt, n, repeats, compile)["draft"]
 
 
 @torch.no_grad()
-def drafting_seconds(draft, prompt: torch.Tensor, n: int = 16, repeats: int = 3) -> float:
-    """Median over `repeats` of a feature-reading draft's time per drafted token: n - 1 one-token forwards on its
-    own states (the loop's steps after the catch-up), each with its greedy pick, after a catch-up on `prompt`."""
+def drafting_seconds(draft, prompt: torch.Tensor, n: int = 16) -> float:
+    """A feature-reading draft's time per drafted token: after a catch-up on `prompt` (zero features), n - 1
+    one-token forwards on its own states (the loop's steps after the catch-up), each with its greedy pick."""
     from .kvcache import make_cache, model_forward
 
     width = len(feature_layers(draft)) * draft.config.hidden_size
     dev = next(draft.parameters()).device
-    times = []
-    for _ in range(repeats + 1):  # the first is a warm-up
-        cache = make_cache(draft)
-        logits = model_forward(draft, prompt.to(dev), cache, logits_to_keep=1,
-                               target_features=torch.zeros(*prompt.shape, width, device=dev)).logits
-        total = 0.0
-        for _ in range(n - 1):
-            nxt = logits[:, -1].argmax(-1, keepdim=True)  # (1, 1)
-            dt, logits = timed(lambda ids=nxt, c=cache: model_forward(draft, ids, c, logits_to_keep=1).logits, dev)
-            total += dt
-        times.append(total / (n - 1))
-    return statistics.median(times[1:])
+    cache = make_cache(draft)
+    logits = model_forward(draft, prompt.to(dev), cache, logits_to_keep=1,
+                           target_features=torch.zeros(*prompt.shape, width, device=dev)).logits
+    total = 0.0
+    for _ in range(n - 1):
+        nxt = logits[:, -1].argmax(-1, keepdim=True)  # (1, 1)
+        dt, logits = timed(lambda ids=nxt, c=cache: model_forward(draft, ids, c, logits_to_keep=1).logits, dev)
+        total += dt
+    return total / (n - 1)
