@@ -173,9 +173,10 @@ def test_shipped_small_drafts_load_with_the_target_vocabulary(name):
 
 
 def test_shipped_drafts_fit_the_size_budget():
-    # the drafts ship in the repository: 25 MB in all (the ladder stores only what differs from the target)
+    # the drafts ship in the repository: 35 MB in all (the ladder stores only what differs from the target); the
+    # budget was 25 MB until the feature draft (10.4 MB: a decoder layer at the target's width, in bf16) came
     total = sum(f.stat().st_size for f in MODELS_DIR.rglob("*") if f.is_file())
-    assert total <= 25e6
+    assert total <= 35e6
 
 
 def test_unknown_draft_name_lists_the_shipped_ones():
