@@ -13,7 +13,7 @@ drafted positions are the draft's own. This module is that design, at the target
 E is the target's embedding (frozen, copied at load time), E_cut its rows for the `keep` ids most frequent in the
 training answers plus a catch-all row, expanded to the full vocabulary as `drafts.expand` does (`drafts.CutHead`).
 The decoder layer starts as a copy of the target's last layer. Stored (bf16): W_fuse, W_in, the layer, the norm,
-the bias, and the kept ids; 5.9M numbers for one layer.
+the bias, and the kept ids; 5.2M numbers for one layer.
 
 In the loop (`specrepro.generate`, contract in `specrepro.protocol`) the catch-up forward of each iteration feeds the
 accepted tokens with the target's features from the verification; every drafted token after it is fed with the
