@@ -18,6 +18,7 @@ import torch
 from . import paths
 from .data import encode_prompt, format_prompt, load_prompts
 from .generate import autoregressive_generate, preceding_features
+from .kvcache import concat_features
 from .protocol import feature_layers
 from .sampling import SamplingConfig, probs_from_logits
 
@@ -71,7 +72,7 @@ def position_logits(model, prompt_ids: torch.Tensor, new_ids: torch.Tensor, *, t
         if target is None:
             raise ValueError("this draft reads the target's features: pass target=...")
         hs = target(input_ids=full, output_hidden_states=True).hidden_states
-        feats = torch.cat([hs[i] for i in layers], -1)[0]  # (L, F)
+        feats = concat_features(hs, layers)[0]  # (L, F)
         extra["target_features"] = preceding_features(feats, 0, full.shape[1])[None]  # (1, L, F)
     return model(input_ids=full, logits_to_keep=n + 1, **extra).logits[0, -(n + 1):-1].float().cpu()
 

@@ -24,6 +24,7 @@ import torch
 from . import paths
 from .drafts import cut_vocabulary, full_to_cut
 from .eagle import FEATURE_LAYERS, FeatureDraft, save
+from .kvcache import concat_features
 from .train import TrainConfig, distillation_loss, lr_at
 
 
@@ -52,7 +53,7 @@ def target_features(target, tokens: torch.Tensor, mask: torch.Tensor, layers: tu
         m = mask[s:s + batch_rows]
         used = int(m.any(0).nonzero().max()) + 1 if m.any() else 1
         hs = target.model(input_ids=tokens[s:s + batch_rows, :used], output_hidden_states=True).hidden_states
-        out[s:s + batch_rows, :used] = torch.cat([hs[i] for i in layers], -1).to(torch.bfloat16)
+        out[s:s + batch_rows, :used] = concat_features(hs, layers).to(torch.bfloat16)
     return out
 
 
@@ -93,7 +94,7 @@ def corpus_labels(target, tokenizer, *, rows: int, context: int = 384, layers: t
         o = target(input_ids=tokens[s:s + batch_rows], output_hidden_states=True)
         top = o.logits.float().log_softmax(-1).topk(top_k, -1)
         top_ids[s:s + batch_rows], top_logp[s:s + batch_rows] = top.indices.int(), top.values.half()
-        feats[s:s + batch_rows] = torch.cat([o.hidden_states[i] for i in layers], -1).to(torch.bfloat16)
+        feats[s:s + batch_rows] = concat_features(o.hidden_states, layers).to(torch.bfloat16)
     return out | dict(topk_ids=top_ids, topk_logp=top_logp, features=feats, answer_tokens=int(out["mask"].sum()))
 
 

@@ -55,6 +55,12 @@ def model_forward(model, input_ids: torch.Tensor, cache, **kwargs):
     return model(input_ids=input_ids, use_cache=True, **{cache_kwarg(model): cache}, **kwargs)
 
 
+def concat_features(hidden_states, layers: tuple[int, ...]) -> torch.Tensor:
+    """What a feature-reading draft reads: the named entries of a transformers `hidden_states` tuple, concatenated
+    along the last dimension, (..., T, len(layers) * d)."""
+    return torch.cat([hidden_states[i] for i in layers], -1)
+
+
 def left_padded(rows: list[torch.Tensor | None], width: int) -> torch.Tensor:
     """Per-row (n_b, F) tensors as one (B, width, F) block, each row's at the end, zeros before (left padding);
     None stands for a row with nothing in this block."""
@@ -119,7 +125,7 @@ class CachedModel:
             out = model_forward(self.model, ids, self.cache, attention_mask=self.attended(), position_ids=positions,
                                 logits_to_keep=n_logits, **extra)
         if self.hidden_layers:
-            self.features = torch.cat([out.hidden_states[i][:, -width:] for i in self.hidden_layers], -1)  # (B, K, F)
+            self.features = concat_features(out.hidden_states, self.hidden_layers)[:, -width:]  # (B, K, F)
         self.fed = [f + int(n) for f, n in zip(self.fed, pad_mask.sum(-1).tolist())]
         logits = out.logits[:, -n_logits:]  # (B, n_logits, V)
         check_logits(torch.cat([logits[b, n_logits - min(n_logits, len(t)):] for b, t in enumerate(new)]),
