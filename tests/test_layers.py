@@ -26,7 +26,7 @@ LAYERS = {
     "lens": 2, "ladder": 2, "eagle": 2, "eagle_train": 2,
     # 3 the measurements
     "theory": 3, "flops": 3, "timing": 3, "bench": 3, "walltime": 3, "numerics": 3, "distribution": 3,
-    "acceptance": 3, "equivalence": 3, "batching": 3, "intervals": 3, "quality": 3, "sweep": 3,
+    "acceptance": 3, "equivalence": 3, "batching": 3, "intervals": 3, "quality": 3, "sweep": 3, "verdicts": 3,
     # 4 the reproducibility plumbing
     "report": 4, "pipeline": 4, "reproduce": 4, "summary": 4,
 }

@@ -141,11 +141,13 @@ def load_target(name: str = TARGET, *, dtype: torch.dtype = torch.float32, devic
 class DraftKind:
     """How to load a stored draft of one kind (the "kind" of its manifest.json): `load(folder, manifest, dtype=,
     target=)` returns a draft that meets `specrepro.protocol`; `needs_target` says whether it copies parts of the
-    target (which `load_draft` then passes)."""
+    target (which `load_draft` then passes); `trained` whether its proposals come from learned weights (the draft
+    kind of the papers' headline rows) rather than from copying tokens of the sequence."""
 
     load: Callable
     needs_target: bool = False
     about: str = ""
+    trained: bool = True
 
 
 def _load_hybrid(folder: Path, manifest: dict, *, dtype: torch.dtype = torch.float32, target=None):
@@ -162,8 +164,9 @@ def _load_lens(folder: Path, manifest: dict, *, dtype: torch.dtype = torch.float
 DRAFT_KINDS = MappingProxyType({
     "small": DraftKind(drafts.load_small, about="a small Phi transformer distilled from the target"),
     "early_exit": DraftKind(drafts.load_early_exit, True, "the target's first layers, fine-tuned read-out"),
-    "prompt_lookup": DraftKind(drafts.load_prompt_lookup, about="n-gram lookup in the sequence itself"),
-    "lookup_hybrid": DraftKind(_load_hybrid, about="prompt lookup, a small draft where nothing matches"),
+    "prompt_lookup": DraftKind(drafts.load_prompt_lookup, about="n-gram lookup in the sequence itself", trained=False),
+    "lookup_hybrid": DraftKind(_load_hybrid, about="prompt lookup, a small draft where nothing matches",
+                               trained=False),
     "lens": DraftKind(_load_lens, True, "the target's first k layers read out by a tuned lens"),
     "feature": DraftKind(eagle.load, True, "one decoder layer reading the target's hidden states (EAGLE)"),
 })
@@ -184,6 +187,14 @@ def needs_target(folder: Path) -> bool:
     if manifest.get("kind") == "lookup_hybrid":
         return needs_target(Path(folder).parent / manifest["config"]["model"])
     return draft_kind(folder).needs_target
+
+
+def is_trained(name: str) -> bool:
+    """Whether a draft named as `load_draft` takes it proposes from learned weights: a shipped draft as its kind
+    says (`DraftKind.trained`; a lookup or a lookup hybrid copies), any other model (a Hugging Face id or folder of
+    a causal LM) is."""
+    folder = paths.MODELS / name
+    return draft_kind(folder).trained if (folder / "manifest.json").exists() else True
 
 
 def load_shipped(folder: Path, *, dtype: torch.dtype = torch.float32, target=None):

@@ -251,6 +251,16 @@ def equivalence_power(sd_diff: float, n: int, *, margin: float, level: float = 0
     return float(max(0.0, power))
 
 
+def detectable_difference(sd_diff: float, n: int, *, level: float = 0.05, power: float = 0.8) -> float:
+    """The smallest true mean difference a two-sided paired test at `level` detects with probability `power`, for
+    n prompts whose differences have standard deviation `sd_diff`: (t_{1-level/2} + z_power) sd / sqrt(n). What a
+    design can see, to set beside the movements a paper reports (normal approximation with the t critical value)."""
+    if n < 2 or sd_diff < 0 or not 0 < level < 1 or not 0 < power < 1:
+        raise ValueError(f"need n >= 2, sd_diff >= 0, 0 < level < 1, 0 < power < 1; got {n}, {sd_diff}, {level}, "
+                         f"{power}")
+    return float((sps.t(df=n - 1).ppf(1 - level / 2) + sps.norm.ppf(power)) * sd_diff / math.sqrt(n))
+
+
 def chisquare_two_sample(counts_a: np.ndarray, counts_b: np.ndarray, min_expected: float = 5.0
                          ) -> tuple[float, int, float]:
     """Chi-squared test of homogeneity of two histograms over the same categories; categories whose pooled

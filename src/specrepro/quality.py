@@ -21,7 +21,7 @@ import numpy as np
 
 from .generate import decode_in_batches
 from .intervals import Interval, bootstrap
-from .numerics import Equivalence, equivalence_power, paired_equivalence_test
+from .numerics import Equivalence, detectable_difference, equivalence_power, paired_equivalence_test
 from .sampling import SamplingConfig
 
 
@@ -54,6 +54,7 @@ class QualityComparison:
     # independent across prompts (sd of a difference = sqrt(var a + var b)): what the design could detect, not
     # the observed spread of the differences (0 when greedy outputs coincide), which would only echo the p-value
     identical: float  # share of prompts on which both methods wrote the same tokens (nan when not given)
+    detectable: float  # the smallest true difference a two-sided paired test at `level` sees at 80% power, same sd
 
     @property
     def verdict(self) -> str:
@@ -74,6 +75,8 @@ def compare(a, b, *, metric: str, margin: float, level: float = 0.05, identical=
     # pairing only helps when a prompt's two scores correlate positively, so this is a lower bound then
     sd_design = float(np.sqrt(np.var(a, ddof=1) + np.var(b, ddof=1)))
     power = equivalence_power(sd_design, a.size, margin=margin, level=level)
+    detectable = detectable_difference(sd_design, a.size, level=level)
     same = float(np.mean(identical)) if identical is not None else float("nan")
     return QualityComparison(metric, bootstrap(np.mean, a, n_boot=n_boot, seed=seed),
-                             bootstrap(np.mean, b, n_boot=n_boot, seed=seed), test, power, same)
+                             bootstrap(np.mean, b, n_boot=n_boot, seed=seed), test, power, same,
+                             detectable)

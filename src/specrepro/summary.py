@@ -9,12 +9,12 @@ the output folders' metrics.json and tables, never typed in. A claim whose noteb
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from . import paths
+from . import models, numerics, paths, verdicts
 
 
 def claims() -> dict:
@@ -26,12 +26,15 @@ SUMMARY = "99-summary"  # the summary's own folder, never one of its inputs
 
 
 def results(outputs: str | Path = paths.OUTPUTS) -> dict[str, dict]:
-    """{notebook folder: {"metrics": its metrics.json, "<table>": its <table>.csv as a DataFrame, ...}} for every
-    numbered output folder under `outputs` that has a metrics.json, the summary's own left out."""
+    """{notebook folder: {"metrics": its metrics.json, "parameters": its parameters.json ({} where absent),
+    "<table>": its <table>.csv as a DataFrame, ...}} for every numbered output folder under `outputs` that has a
+    metrics.json, the summary's own left out."""
     out = {}
     for folder in sorted(Path(outputs).glob("[0-9][0-9]-*")):
         if (folder / "metrics.json").exists() and folder.name != SUMMARY:
-            out[folder.name] = {"metrics": json.loads((folder / "metrics.json").read_text())} | {
+            params = folder / "parameters.json"
+            out[folder.name] = {"metrics": json.loads((folder / "metrics.json").read_text()),
+                                "parameters": json.loads(params.read_text()) if params.exists() else {}} | {
                 csv.stem: pd.read_csv(csv) for csv in sorted(folder.glob("*.csv"))}
     return out
 
@@ -42,19 +45,18 @@ def _bound(v) -> float:
     return float("nan") if v is None else float(v)
 
 
-def _ci(x: float, lo: float | None, hi: float | None, unit: str = "x") -> str:
-    lo, hi = _bound(lo), _bound(hi)
-    if math.isnan(lo) or math.isnan(hi):
-        return f"{_bound(x):.2f}{unit} (no interval)"
-    return f"{_bound(x):.2f}{unit} [{lo:.2f}, {hi:.2f}]"
+_ci = verdicts.fmt_ci
 
 
 def _distribution(r):
     m = r["metrics"]
     tests = len(m["p_values"])
+    w = m["weakest_power"]
+    lo, hi = w.get("interval", (None, None))
+    at = f" at {w['n_samples']:,} samples" if "n_samples" in w else ""
     ours = (f"smallest p-value {m['min_p_value']:.2f} over {tests} chi-squared tests of whole generations "
-            f"({m['n_samples']:,} samples each, level {m['false_alarm']}); planted bugs rejected with power >= "
-            f"{m['weakest_power']['power']:.2f}")
+            f"({m['n_samples']:,} samples each, level {m['false_alarm']}); the weakest planted-bug cell rejected "
+            f"with power {_ci(w['power'], lo, hi, unit='')}{at}")
     return ours, ("reproduces" if m["min_p_value"] >= m["false_alarm"] else "does not reproduce: a test rejected"), \
         "01-distribution"
 
@@ -73,14 +75,9 @@ def _numerics(r):
 
 
 def _arithmetic(r):
-    m = r["metrics"]
-    counted = [v["counted"] for v in m["counted_test"].values()]
-    gaps = [abs(v["rel_gap"]) for k, v in m["counted_test"].items() if "prompt-lookup" not in k]
-    ours = (f"{min(counted):.2f}-{max(counted):.2f}x the arithmetic of autoregressive decoding per token (every "
-            f"operation counted, {len(counted)} configurations, held-out prompts), within {max(gaps):.0%} of Thm 3.11 "
-            "fed with a separate run's alpha")
-    return ours, ("reproduces: more work, not less" if min(counted) > 1 else "does not reproduce"), \
-        "02-arithmetic-ops"
+    m = r["metrics"]["counted_test"]
+    v = verdicts.arithmetic({k: x["counted"] for k, x in m.items()}, {k: x["thm_3_11"] for k, x in m.items()})
+    return "every operation counted, held-out prompts: " + v.reason, v.label, "02-arithmetic-ops"
 
 
 def _regime(r02, r07):
@@ -103,44 +100,79 @@ def _regime(r02, r07):
         "02-arithmetic-ops, 07-regime"
 
 
-def _table1(r03, r07):
+def _speedup_rows(r03, r07) -> list[verdicts.SpeedupRow]:
+    """03's Table-1 rows (each at its fastest kernel; the draft from the table where it names one, else from 03's
+    parameters) and 07's fastest configuration, as `verdicts.SpeedupRow`s."""
     t = r03["table1"]
+    params = r03.get("parameters", {})
     spec = t[(t.method == "speculative") & (t.kernels == "fastest")]
-    parts = [f"{row.task} {row.decoding} {_ci(row.speedup, row.speedup_lo, row.speedup_hi)}"
-             for row in spec.itertuples()]
-    ours = "03 (eager, 12 prompts): " + "; ".join(parts)
-    greedy = spec[spec.decoding == "greedy"]
-    lows = list(greedy.speedup_lo)
+    rows = []
+    for row in spec.itertuples():
+        draft = getattr(row, "draft", params.get("draft_name", "prompt-lookup"))
+        gamma = getattr(row, "gamma", params.get("gamma"))
+        rows.append(verdicts.SpeedupRow(row.task, row.decoding, draft, models.is_trained(draft), row.speedup,
+                                        _bound(row.speedup_lo), _bound(row.speedup_hi), int(row.n_prompts),
+                                        None if gamma is None else int(gamma)))
     if r07 is not None:
         m = r07["metrics"]
-        ours += f"; 07 (code greedy, fastest configuration, {m['n_prompts']} other prompts): " + _ci(
-            m["speedup"], m["speedup_lo"], m["speedup_hi"])
-        lows.append(m["speedup_lo"])
-    above = sum(_bound(lo) > 1 for lo in lows)
-    return ours, (f"in direction only, not in size: {above} of {len(lows)} greedy intervals lie above 1x, none "
-                  "reaches the papers' 1.9-2.5x (a 135M target on a 2-core CPU, not a 70B model on accelerators); "
-                  "sampled decoding is not reliably faster"), "03-latency, 07-regime"
+        draft = m.get("draft_name", r07.get("parameters", {}).get("draft_name", "prompt-lookup"))
+        rows.append(verdicts.SpeedupRow("code", "greedy", f"{draft}, 07's fastest configuration",
+                                        models.is_trained(draft), m["speedup"], _bound(m["speedup_lo"]),
+                                        _bound(m["speedup_hi"]), int(m["n_prompts"]), m.get("gamma")))
+    return rows
+
+
+def _paper_speedups(paper_claims: dict | None = None) -> dict[str, float]:
+    """Chen et al.'s sampled Table-1 speedups under our task names (code: HumanEval, text: XSum)."""
+    v = {c["id"]: c["value"] for c in (paper_claims or claims())["claims"]}
+    return {"code": v["table1_humaneval_speedup"], "text": v["table1_xsum_speedup"]}
+
+
+def _table1(r03, r07):
+    v = verdicts.table1(_speedup_rows(r03, r07), _paper_speedups())
+    rows = _speedup_rows(r03, r07)
+    ours = "; ".join(r.describe() for r in rows)
+    return ours, str(v), "03-latency" + (", 07-regime" if r07 is not None else "")
+
+
+PAPER_QUALITY_MOVES = {  # Chen et al.'s Table 1, speculative minus autoregressive, on their metric
+    ("code", "nucleus"): 0.470 - 0.451, ("code", "greedy"): None,
+    ("text", "nucleus"): 0.114 - 0.112, ("text", "greedy"): 0.156 - 0.157}
+
+
+def _quality_cells(r03) -> list[verdicts.QualityCell]:
+    q = r03["quality"]
+    level = r03.get("parameters", {}).get("level", 0.05)
+    answers = r03.get("quality_answers")
+    cells = []
+    for row in q[q.primary].itertuples():
+        detect = getattr(row, "detectable", None)
+        if (detect is None or pd.isna(detect)) and answers is not None:  # folders from before the column
+            grp = answers[(answers.task == row.task) & (answers.decoding == row.decoding)]
+            a, b = (grp[grp.method == m].sort_values("prompt")[row.metric].to_numpy(float)
+                    for m in ("autoregressive", "speculative"))
+            detect = numerics.detectable_difference(float(np.sqrt(a.var(ddof=1) + b.var(ddof=1))), a.size,
+                                                    level=level)
+        cells.append(verdicts.QualityCell(
+            row.task, row.decoding, row.metric, int(row.n_prompts), row.autoregressive, row.speculative,
+            row.diff_lo, row.diff_hi, row.margin, row.tost_p, level, row.identical,
+            None if detect is None else float(detect), PAPER_QUALITY_MOVES.get((row.task, row.decoding))))
+    return cells
 
 
 def _quality(r03):
-    q = r03["quality"]
-    prim = q[q.primary]
-    ours = "; ".join(f"{row.task} {row.decoding}: {row.autoregressive:.3f} vs {row.speculative:.3f} "
-                     f"({row.metric}, {row.n_prompts} prompts, TOST p = {row.tost_p:.3g}, power {row.power:.2f})"
-                     for row in prim.itertuples())
-    ok = bool(prim.equivalent.all())
-    return ours, ("reproduces: equivalent within margins fixed before the run" if ok else
-                  "not shown equivalent in every cell"), "03-latency"
+    v = verdicts.quality(_quality_cells(r03))
+    return v.reason, v.label, "03-latency"
 
 
 def _ladder(r06):
     """06's answer: per task and temperature, which lens draft wins, and whether it is reliably faster than the
     runner-up (the paired bootstrap interval of their ratio above 1; folders from before that test: the two
     marginal intervals clear of each other)."""
-    t, verdicts = r06["table2"], r06["metrics"]["verdicts"]
+    t, settings = r06["table2"], r06["metrics"]["verdicts"]
     lad = t[t.draft.str.startswith("lens-")]
     parts = []
-    for key, v in verdicts.items():
+    for key, v in settings.items():
         row = lad[(lad.task + "_T" + lad.temperature.map("{:g}".format)) == key].set_index("draft")
         won = _ci(v["winner_speedup"], v["winner_lo"], v["winner_hi"])
         parts.append(f"{key.replace('_', ' ')}: {v['winner']} {won}"
@@ -150,28 +182,16 @@ def _ladder(r06):
                          if "paired_lo" in v else " (overlapping)" if v["intervals_overlap"] else "")
                         if v["runner_up"] else ""))
     names = sorted(set(lad.draft), key=lambda d: int(d.split("-")[1]))  # by size
-    smallest = [v["smallest_wins"] for v in verdicts.values()]
-    reliable = [_bound(v["paired_lo"]) > 1 if "paired_lo" in v else not v["intervals_overlap"]
-                for v in verdicts.values()]
+    settings = {k: v | {"reliably_faster": _bound(v["paired_lo"]) > 1 if "paired_lo" in v
+                        else not v["intervals_overlap"]} for k, v in settings.items()}
     # alpha (the sweep's, each draft at its best gamma) higher for the largest draft than for the smallest
-    rises = sum(float(g.set_index("draft").alpha[names[-1]]) > float(g.set_index("draft").alpha[names[0]])
-                for _, g in lad.groupby(["task", "temperature"]))
+    rises = [float(g.set_index("draft").alpha[names[-1]]) > float(g.set_index("draft").alpha[names[0]])
+             for _, g in lad.groupby(["task", "temperature"])]
     ours = (f"ladder {'/'.join(names)} ({r06['metrics']['n_prompts']} prompts per task): " + "; ".join(parts))
     if r06["metrics"].get("prediction_within_10pct"):  # the out-of-sample prediction (Thm 3.8, calibration apart)
         ours += (f"; predicted before measured within 10% for {r06['metrics']['prediction_within_10pct']} ladder "
                  f"rows (median |error| {r06['metrics']['prediction_median_abs_error']:.1%})")
-    if rises < len(verdicts):
-        verdict = (f"not testable where alpha does not rise with size (largest above smallest in {rises} of "
-                   f"{len(verdicts)} settings)")
-    elif all(smallest) and all(reliable):
-        verdict = "reproduces: the smallest draft wins everywhere, reliably faster than the runner-up"
-    else:
-        verdict = (f"{'partly' if any(smallest) else 'does not reproduce'}: alpha rises from {names[0]} to "
-                   f"{names[-1]} in every setting; the smallest draft wins in {sum(smallest)} of {len(verdicts)}, "
-                   f"and the winner is reliably faster than the runner-up in {sum(reliable)} of {len(verdicts)}")
-    if not all(_bound(v["winner_lo"]) > 1 for v in verdicts.values()):  # the ladder's best not reliably > 1x somewhere
-        verdict += "; and no draft of the ladder is reliably faster than autoregressive decoding in every setting"
-    return ours, verdict, "06-draft-sweep"
+    return ours, str(verdicts.draft_size(settings, rises, names)), "06-draft-sweep"
 
 
 def _draft_size(r03, r06=None):
@@ -186,7 +206,7 @@ def _draft_size(r03, r06=None):
             + "/".join(f"{s:.2f}x" for s in neural.measured_speedup))
     rising = bool(neural.alpha.is_monotonic_increasing) and len(neural) >= 3
     return ours, ("testable" if rising else "not testable with these drafts: alpha does not rise with size, so "
-                  "size buys only cost (a ladder that rises is issue #14)"), "03-latency"
+                  "size buys only cost"), "03-latency"
 
 
 def _batch_equivalence(r05):
@@ -197,22 +217,25 @@ def _batch_equivalence(r05):
             f"at batch {ours_rows.batch_size.min()}-{ours_rows.batch_size.max()} ({ours_rows.prompts.iloc[0]} prompts);"
             f" the two published bugs as controls: {controls.exact_match.min():.0%}-{controls.exact_match.max():.0%}")
     ok = bool((ours_rows.exact_match == 1).all())
-    return ours, ("reproduces the problem in the controls; ours keeps equivalence" if ok else
-                  "ours loses equivalence somewhere"), "05-batch"
+    caught = bool((controls.exact_match < 1).all()) if len(controls) else False
+    return ours, ("reproduces the problem in the controls; ours keeps equivalence" if ok and caught else
+                  "ours loses equivalence somewhere" if not ok else
+                  "ours keeps equivalence, but a control matched everywhere: the checker is not shown to see the bug"
+                  ), "05-batch"
+
+
+def _batch_rows(r05) -> list[verdicts.BatchRow]:
+    t = r05["throughput"]
+    cost = r05["verify_cost"].set_index("batch_size").verify_steps if "verify_cost" in r05 else {}
+    return [verdicts.BatchRow(int(r.batch_size), r.spec_tokens_per_s, r.ar_tokens_per_s, r.speedup,
+                              _bound(r.speedup_lo), _bound(r.speedup_hi), int(r.batches),
+                              float(cost[r.batch_size]) if r.batch_size in cost else None)
+            for r in t.itertuples()]
 
 
 def _batch_throughput(r05):
-    t = r05["throughput"].set_index("batch_size")
-    top = 8 if 8 in t.index else t.index.max()
-    gain = t.spec_tokens_per_s[top] / t.spec_tokens_per_s[1]
-    cross = r05["metrics"].get("crossover_batch_size")
-    ours = (f"speculative throughput {gain:.2f}x at batch {top} over batch 1; speculative over autoregressive "
-            f"{_ci(t.speedup[1], t.speedup_lo[1], t.speedup_hi[1])} at batch 1, "
-            f"{_ci(t.speedup[top], t.speedup_lo[top], t.speedup_hi[top])} at batch {top}")
-    return ours, (f"throughput grows with the batch ({gain:.2f}x at batch {top}; theirs up to 3x), but speculative "
-                  f"decoding's advantage over autoregressive decoding is gone from batch {cross} on: the spare compute "
-                  "it rides on (Leviathan et al., Sec. 3) is used up" if cross else
-                  f"throughput {gain:.2f}x at batch {top}; no crossover within the batch sizes run"), "05-batch"
+    v = verdicts.batch_throughput(_batch_rows(r05))
+    return v.reason, v.label, "05-batch"
 
 
 ROWS = {  # claim id in claims.json -> (notebooks it needs, a builder of (ours, verdict, notebooks) from `results`)
@@ -247,30 +270,48 @@ def summary_table(res: dict[str, dict], paper_claims: dict | None = None) -> pd.
 
 
 def table1_beside_chen(res: dict[str, dict], paper_claims: dict | None = None) -> pd.DataFrame:
-    """Chen et al.'s Table 1 rows as the seed post quotes them, and ours (03's Table-1 analog, 07's fastest
-    configuration), in one table: source, task, quality metric, method, quality, ms per token, speedup [95% CI]."""
+    """Chen et al.'s Table 1 rows and ours in one table, the like-for-like rows first: source, task, decoding,
+    draft, like_for_like (sampled with a trained draft, the mode of Chen et al.'s headline rows), quality metric,
+    method, quality, ms per token, speedup [95% CI], prompts. Ours: 03's Table-1 analog (each row at its fastest
+    kernel) and 07's fastest configuration."""
     v = {c["id"]: c["value"] for c in (paper_claims or claims())["claims"]}
     chen = "Chen et al. 2023 (Chinchilla 70B, TPU, K=4)"
     rows = []
-    for task, metric, key in (("XSum", "ROUGE-2", "xsum"), ("HumanEval", "score", "humaneval")):
+    for task, decoding, metric, key in (("XSum", "nucleus", "ROUGE-2", "xsum"),
+                                        ("XSum", "greedy", "ROUGE-2", "xsum_greedy"),
+                                        ("HumanEval", "nucleus", "score", "humaneval")):
+        if f"table1_{key}_speedup" not in v:  # an older claims.json
+            continue
         q_ar, q_sps = v[f"table1_{key}_quality"]
-        rows += [dict(source=chen, task=task, metric=metric, method="autoregressive", quality=q_ar,
-                      ms_per_token=v["table1_ms_ar"], speedup=1.0),
-                 dict(source=chen, task=task, metric=metric, method="speculative", quality=q_sps,
-                      ms_per_token=v[f"table1_{key}_ms_sps"], speedup=v[f"table1_{key}_speedup"])]
+        base = dict(source=chen, task=task, decoding=decoding, draft="their trained draft",
+                    like_for_like=decoding != "greedy", metric=metric)
+        rows += [base | dict(method="autoregressive", quality=q_ar, ms_per_token=v["table1_ms_ar"], speedup=1.0),
+                 base | dict(method="speculative", quality=q_sps, ms_per_token=v[f"table1_{key}_ms_sps"],
+                             speedup=v[f"table1_{key}_speedup"])]
     if "03-latency" in res:
         t = res["03-latency"]["table1"]
+        params = res["03-latency"].get("parameters", {})
         for row in t[t.kernels == "fastest"].itertuples():
-            rows.append(dict(source="ours, 03 (SmolLM2-135M, 2-core CPU, eager, gamma 3, prompt lookup)",
-                             task=f"{row.task}, {row.decoding}", metric=row.quality_metric, method=row.method,
-                             quality=row.quality, quality_lo=row.quality_lo, quality_hi=row.quality_hi,
-                             ms_per_token=row.ms_per_token, speedup=row.speedup, speedup_lo=row.speedup_lo,
-                             speedup_hi=row.speedup_hi, n_prompts=row.n_prompts))
+            draft = getattr(row, "draft", params.get("draft_name", "prompt-lookup"))
+            gamma = getattr(row, "gamma", params.get("gamma", "?"))
+            rows.append(dict(source=f"ours, 03 (SmolLM2-135M, 2-core CPU, eager, gamma {gamma})", task=row.task,
+                             decoding=row.decoding, draft=draft,
+                             like_for_like=row.decoding != "greedy" and models.is_trained(draft),
+                             metric=row.quality_metric, method=row.method, quality=row.quality,
+                             quality_lo=row.quality_lo, quality_hi=row.quality_hi, ms_per_token=row.ms_per_token,
+                             speedup=row.speedup, speedup_lo=row.speedup_lo, speedup_hi=row.speedup_hi,
+                             n_prompts=row.n_prompts))
     if "07-regime" in res:
         m = res["07-regime"]["metrics"]
         speed = res["07-regime"]["speed"]
         spec = speed[(speed.method == "speculative") & speed.fastest].iloc[0]
-        rows.append(dict(source=f"ours, 07 (fastest configuration: {spec.config})", task="code, greedy",
-                         method="speculative", ms_per_token=spec.decode_ms_per_token, speedup=m["speedup"],
-                         speedup_lo=m["speedup_lo"], speedup_hi=m["speedup_hi"], n_prompts=m["n_prompts"]))
-    return pd.DataFrame(rows)
+        draft = m.get("draft_name", "prompt-lookup")
+        rows.append(dict(source=f"ours, 07 (fastest configuration: {spec.config})", task="code", decoding="greedy",
+                         draft=draft, like_for_like=False, method="speculative",
+                         ms_per_token=spec.decode_ms_per_token, speedup=m["speedup"], speedup_lo=m["speedup_lo"],
+                         speedup_hi=m["speedup_hi"], n_prompts=m["n_prompts"]))
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    # like-for-like rows first (theirs, then ours), each source's rows in their order
+    return out.sort_values("like_for_like", ascending=False, kind="stable").reset_index(drop=True)

@@ -1,0 +1,307 @@
+"""Verdicts computed from the numbers they report: one function per claim, each taking the measured values and
+returning a `Verdict` (a label and the sentence that says why, both built from the inputs).
+
+No verdict here is a typed sentence: every word that states a finding depends on a comparison of the inputs, so
+results that point the other way give the other verdict (`tests/test_verdicts.py` feeds each function contrary
+data). No verdict names a cause that its inputs do not isolate: where a notebook measured something that may
+explain a result without isolating it (e.g. the cost of a verification at each batch size), the verdict reports
+it as a measurement beside the finding, never as a "because".
+
+Intervals are read one way everywhere (`interval_side`): a speedup is *reliably faster* when its interval lies
+above 1, *reliably slower* when it lies below, and *not distinguishable* otherwise; an interval over one unit
+(no bounds) is never reliable either way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+LABELS = ("reproduces", "in direction only", "partly", "does not reproduce", "not tested like for like",
+          "not testable")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a claim's numbers say: `label` (one of `LABELS`), `reason` (the sentence built from the numbers) and
+    `facts` (the counts behind it, for tests and tables)."""
+
+    label: str
+    reason: str
+    facts: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.label not in LABELS:
+            raise ValueError(f"unknown verdict label {self.label!r}; one of {LABELS}")
+
+    def __str__(self) -> str:
+        return f"{self.label}: {self.reason}" if self.reason else self.label
+
+
+def _num(v) -> float:
+    """A value read back from JSON or a CSV: NaN for null/None, so that every comparison with it is False."""
+    return float("nan") if v is None else float(v)
+
+
+def interval_side(lo, hi, null: float = 1.0) -> str:
+    """"above" when the interval lies above `null`, "below" when below, "contains" otherwise, "no interval" when a
+    bound is missing (an interval over one unit)."""
+    lo, hi = _num(lo), _num(hi)
+    if math.isnan(lo) or math.isnan(hi):
+        return "no interval"
+    return "above" if lo > null else "below" if hi < null else "contains"
+
+
+def fmt_ci(x, lo, hi, unit: str = "x", digits: int = 2) -> str:
+    """"1.30x [1.09, 1.56]", or "0.82x (no interval)" where the interval has no bounds."""
+    lo, hi = _num(lo), _num(hi)
+    if math.isnan(lo) or math.isnan(hi):
+        return f"{_num(x):.{digits}f}{unit} (no interval)"
+    return f"{_num(x):.{digits}f}{unit} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+@dataclass(frozen=True)
+class SpeedupRow:
+    """One measured speedup of the Table-1 analog: which task, decoding and draft, whether the draft is trained
+    (a model, not a lookup), and the speedup with its interval over `n_prompts` prompts."""
+
+    task: str
+    decoding: str  # "greedy" or a sampled mode ("nucleus", ...)
+    draft: str
+    trained: bool
+    speedup: float
+    lo: float
+    hi: float
+    n_prompts: int
+    gamma: int | None = None
+
+    @property
+    def like_for_like(self) -> bool:
+        """The mode of Chen et al.'s headline rows: sampled decoding with a trained draft."""
+        return self.decoding != "greedy" and self.trained
+
+    def describe(self) -> str:
+        g = f", gamma {self.gamma}" if self.gamma else ""
+        return (f"{self.task} {self.decoding} ({self.draft}{g}, {self.n_prompts} prompts) "
+                f"{fmt_ci(self.speedup, self.lo, self.hi)}")
+
+
+def table1(rows: Sequence[SpeedupRow], paper: Mapping[str, float]) -> Verdict:
+    """Chen et al.'s Table 1 (sampled, trained draft, K = 4: 1.92x on XSum, 2.46x on HumanEval) against our rows.
+
+    The headline is the like-for-like rows (sampled, trained draft); the others (greedy, or a lookup draft) are
+    counted apart and never decide the label. `paper` maps a task of ours to the paper's speedup for it (e.g.
+    {"code": 2.46, "text": 1.92}). A row *reaches* the paper's size when its interval's upper end is at or above
+    the paper's value.
+
+    reproduces: every like-for-like row reliably faster and reaching the paper's size; in direction only: every
+    one reliably faster, not every one reaching it; partly: some reliably faster; does not reproduce: none; not
+    tested like for like: no such row."""
+    like = [r for r in rows if r.like_for_like]
+    other = [r for r in rows if not r.like_for_like]
+    sides = {id(r): interval_side(r.lo, r.hi) for r in rows}
+    faster = [r for r in like if sides[id(r)] == "above"]
+    slower = [r for r in like if sides[id(r)] == "below"]
+    reach = [r for r in like if _num(r.hi) >= paper.get(r.task, math.inf)]
+    other_faster = [r for r in other if sides[id(r)] == "above"]
+    other_text = (f"; other rows (greedy or a lookup draft): {len(other_faster)} of {len(other)} reliably faster"
+                  + (f", best {max(other, key=lambda r: r.speedup).describe()}" if other else "")) if other else ""
+    facts = dict(like_for_like=len(like), faster=len(faster), slower=len(slower), reach=len(reach),
+                 other=len(other), other_faster=len(other_faster))
+    if not like:
+        return Verdict("not tested like for like", "no row is sampled with a trained draft, the mode of Chen et "
+                       f"al.'s Table 1{other_text}", facts)
+    if len(faster) == len(like):
+        label = "reproduces" if len(reach) == len(like) else "in direction only"
+    else:
+        label = "partly" if faster else "does not reproduce"
+    papers = ", ".join(f"{t} {v:.2f}x" for t, v in paper.items())
+    reason = (f"like for like (sampled, trained draft), {len(faster)} of {len(like)} rows reliably faster than "
+              f"autoregressive decoding and {len(slower)} reliably slower; {len(reach)} of {len(like)} reach the "
+              f"paper's size ({papers}): " + "; ".join(r.describe() for r in like) + other_text)
+    return Verdict(label, reason, facts)
+
+
+def arithmetic(counted: Mapping[str, float], predicted: Mapping[str, float], tolerance: float = 0.20) -> Verdict:
+    """Leviathan et al.'s Sec. 3.5: speculative decoding does more arithmetic per token than autoregressive
+    decoding, by the factor Thm 3.11 gives. `counted` maps each configuration to its measured factor, `predicted`
+    to Thm 3.11's (fed with alpha from another run).
+
+    reproduces: more work in every configuration and Thm 3.11 within `tolerance` in every one; partly: more work
+    everywhere, the theorem off by more somewhere; does not reproduce: some configuration did not do more work."""
+    if not counted:
+        return Verdict("not testable", "no configuration was counted")
+    more = {k: v for k, v in counted.items() if v > 1}
+    gaps = {k: counted[k] / predicted[k] - 1 for k in counted if k in predicted}
+    worst = max(gaps, key=lambda k: abs(gaps[k])) if gaps else None
+    within = [k for k, g in gaps.items() if abs(g) <= tolerance]
+    facts = dict(configurations=len(counted), more_work=len(more), within=len(within), compared=len(gaps))
+    reason = (f"{min(counted.values()):.2f}-{max(counted.values()):.2f}x the arithmetic per token over "
+              f"{len(counted)} configurations, more than autoregressive decoding in {len(more)}; Thm 3.11 within "
+              f"{tolerance:.0%} in {len(within)} of {len(gaps)}"
+              + (f" (largest gap {gaps[worst]:+.1%}, {worst})" if worst else ""))
+    if len(more) < len(counted):
+        return Verdict("does not reproduce", reason, facts)
+    return Verdict("reproduces" if len(within) == len(gaps) and gaps else "partly", reason, facts)
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    """Throughput at one batch size: speculative and autoregressive tokens per second, the speedup with its
+    interval over `batches` batches, and (optional) the cost of a verification forward in decode steps."""
+
+    batch_size: int
+    spec_tokens_per_s: float
+    ar_tokens_per_s: float
+    speedup: float
+    lo: float
+    hi: float
+    batches: int
+    verify_steps: float | None = None
+
+
+def batch_throughput(rows: Sequence[BatchRow], paper_gain: float = 3.0, at: int = 8) -> Verdict:
+    """Zhang et al.: batched speculative decoding's throughput grows with the batch (up to `paper_gain` at batch
+    `at` over batch 1); the seed post: its advantage over autoregressive decoding goes away in large batches.
+
+    Label on the first part (throughput growth), the second reported beside it: where speculative decoding is
+    reliably faster, slower, or not distinguishable, and the first batch size from which it is never reliably
+    faster again. Verification costs, where given, are reported as measured, not as the cause.
+    reproduces: growth reaching `paper_gain`; in direction only: growth below it; does not reproduce: no growth."""
+    rows = sorted(rows, key=lambda r: r.batch_size)
+    if len(rows) < 2 or rows[0].batch_size != 1:
+        return Verdict("not testable", "needs batch size 1 and at least one larger batch")
+    top = next((r for r in rows if r.batch_size == at), rows[-1])
+    gain = top.spec_tokens_per_s / rows[0].spec_tokens_per_s
+    side = {r.batch_size: interval_side(r.lo, r.hi) for r in rows}
+    faster = [b for b, s in side.items() if s == "above"]
+    slower = [b for b, s in side.items() if s == "below"]
+    gone = next((r.batch_size for i, r in enumerate(rows) if all(side[s.batch_size] != "above" for s in rows[i:])),
+                None)
+    ar_rises = all(b.ar_tokens_per_s >= a.ar_tokens_per_s for a, b in zip(rows, rows[1:]))
+    facts = dict(gain=gain, faster=faster, slower=slower, gone_from=gone, ar_rises=ar_rises)
+    reason = (f"speculative throughput {gain:.2f}x at batch {top.batch_size} over batch 1 (theirs up to "
+              f"{paper_gain:g}x); over autoregressive decoding reliably faster at batch {faster or 'none'}, reliably "
+              f"slower at {slower or 'none'}, "
+              + (f"never reliably faster from batch {gone} on" if gone else "still reliably faster at the largest "
+                 "batch") + f" ({', '.join(f'{r.batch_size}: {fmt_ci(r.speedup, r.lo, r.hi)}' for r in rows)})")
+    if rows[0].verify_steps is not None and rows[-1].verify_steps is not None:
+        reason += (f"; a verification forward cost {rows[0].verify_steps:.2f} decode steps at batch 1 and "
+                   f"{rows[-1].verify_steps:.2f} at batch {rows[-1].batch_size} (measured beside, not isolated as "
+                   "the cause)")
+    if not ar_rises:
+        reason += "; autoregressive throughput does not rise at every step of the batch (check the kernels)"
+    label = "does not reproduce" if gain <= 1 else "reproduces" if gain >= paper_gain else "in direction only"
+    return Verdict(label, reason, facts)
+
+
+@dataclass(frozen=True)
+class QualityCell:
+    """Both methods' quality on the same prompts: means, the paired difference's (1 - 2 level) interval, TOST's
+    p-value at `margin`, the share of prompts on which the two wrote identical answers, and the smallest
+    difference the design detects at 80% power (`detectable`)."""
+
+    task: str
+    decoding: str
+    metric: str
+    n_prompts: int
+    autoregressive: float
+    speculative: float
+    diff_lo: float
+    diff_hi: float
+    margin: float
+    tost_p: float
+    level: float
+    identical: float
+    detectable: float | None = None
+    paper_movement: float | None = None
+
+
+def quality(cells: Sequence[QualityCell]) -> Verdict:
+    """Quality unchanged (Chen et al.: 45.1% -> 47.0% on HumanEval, small movements both ways).
+
+    A cell whose answers are (almost) all identical (>= 99%) is reported as identical outputs, not as an
+    equivalence test: the test passes there because there is nothing to test. The other cells count as shown
+    unchanged when TOST rejects at their level; each reports the smallest difference its design detects at 80%
+    power beside the paper's movement, and a cell whose detectable difference exceeds its margin is flagged as
+    underpowered for that margin.
+    reproduces: every tested cell equivalent and none underpowered; partly: every tested cell equivalent, some
+    underpowered; does not reproduce: some tested cell not shown equivalent; not testable: nothing to test."""
+    same = [c for c in cells if c.identical >= 0.99]
+    tested = [c for c in cells if c.identical < 0.99]
+    equiv = [c for c in tested if c.tost_p < c.level]
+    weak = [c for c in tested if c.detectable is not None and c.detectable > c.margin]
+    parts = [f"{c.task} {c.decoding}: identical outputs on {c.identical:.0%} of {c.n_prompts} prompts"
+             for c in same]
+    for c in tested:
+        part = (f"{c.task} {c.decoding}: {c.metric} {c.autoregressive:.3f} vs {c.speculative:.3f} "
+                f"({c.n_prompts} prompts), difference in [{c.diff_lo:+.3f}, {c.diff_hi:+.3f}], "
+                f"{'equivalent' if c.tost_p < c.level else 'not shown equivalent'} within +-{c.margin:g} "
+                f"(TOST p = {c.tost_p:.2g})")
+        if c.detectable is not None:
+            part += f", detects {c.detectable:.3f} at 80% power"
+            if c.paper_movement is not None:
+                part += f" (Chen et al. moved {c.paper_movement:+.3f} on their metric)"
+        parts.append(part)
+    facts = dict(identical=len(same), tested=len(tested), equivalent=len(equiv), underpowered=len(weak))
+    reason = "; ".join(parts)
+    if not tested:
+        return Verdict("not testable", reason + "; no cell with different answers to test", facts)
+    if len(equiv) < len(tested):
+        return Verdict("does not reproduce", reason, facts)
+    if weak:
+        return Verdict("partly", reason + f"; {len(weak)} of {len(tested)} tested cells cannot detect a difference "
+                       "as small as their margin", facts)
+    return Verdict("reproduces", reason, facts)
+
+
+def ladder_setting(speedups: Mapping[str, tuple[float, float, float]], sizes: Sequence[str],
+                   alphas: Sequence[float], paired: Callable[[str, str], tuple[float, float, float]] | None = None
+                   ) -> dict:
+    """One setting (task x temperature) of the draft-size sweep: `speedups` maps each ladder draft to (speedup, lo,
+    hi) at its best gamma, `sizes` lists the drafts from smallest to largest, `alphas` their acceptance rates in
+    that order at one gamma, `paired(winner, runner_up)` the ratio of the two on the same prompts (estimate, lo,
+    hi; `sweep.speedup_ratio`).
+
+    Returns the winner, the runner-up, whether the smallest draft wins, whether the winner is reliably faster than
+    the runner-up (the paired interval above 1; without `paired`, the two marginal intervals clear of each other),
+    whether alpha rises with size at every step, and whether the largest draft accepts more than the smallest."""
+    order = sorted(speedups, key=lambda d: speedups[d][0], reverse=True)
+    win, second = order[0], order[1] if len(order) > 1 else None
+    s, lo, hi = speedups[win]
+    overlap = second is not None and speedups[second][2] >= lo
+    out = dict(winner=win, winner_speedup=float(s), winner_lo=float(lo), winner_hi=float(hi), runner_up=second,
+               intervals_overlap=bool(overlap), smallest_wins=win == sizes[0],
+               alpha_rises_with_size=all(b > a for a, b in zip(alphas, alphas[1:])),
+               alpha_largest_above_smallest=bool(alphas[-1] > alphas[0]))
+    if paired is not None and second is not None:
+        est, plo, phi = paired(win, second)
+        out |= dict(paired_ratio=float(est), paired_lo=float(plo), paired_hi=float(phi),
+                    reliably_faster=bool(plo > 1))
+    else:
+        out["reliably_faster"] = second is not None and not overlap
+    return out
+
+
+def draft_size(settings: Mapping[str, dict], alpha_rises: Iterable[bool], sizes: Sequence[str]) -> Verdict:
+    """Leviathan et al. (T5): the smallest draft won. `settings` are `ladder_setting` results per task x
+    temperature, `alpha_rises` whether the largest draft accepts more than the smallest in each.
+
+    not testable: alpha does not rise with size somewhere (size then buys only cost); reproduces: the smallest
+    wins everywhere, reliably faster than the runner-up; partly: it wins somewhere; does not reproduce: nowhere."""
+    rises = list(alpha_rises)
+    n = len(settings)
+    smallest = sum(v["smallest_wins"] for v in settings.values())
+    reliable = sum(bool(v.get("reliably_faster")) for v in settings.values())
+    above = sum(interval_side(v["winner_lo"], v["winner_hi"]) == "above" for v in settings.values())
+    facts = dict(settings=n, alpha_rises=sum(rises), smallest_wins=smallest, reliable=reliable, winner_above_1=above)
+    if sum(rises) < len(rises) or not n:
+        return Verdict("not testable", f"alpha does not rise with size in every setting (largest above smallest in "
+                       f"{sum(rises)} of {len(rises)})", facts)
+    reason = (f"alpha rises from {sizes[0]} to {sizes[-1]} in every setting; the smallest draft wins in {smallest} "
+              f"of {n}, and the winner is reliably faster than the runner-up in {reliable} of {n}; the ladder's best "
+              f"is reliably faster than autoregressive decoding in {above} of {n}")
+    if smallest == n and reliable == n:
+        return Verdict("reproduces", reason, facts)
+    return Verdict("partly" if smallest else "does not reproduce", reason, facts)

@@ -1,0 +1,124 @@
+"""Every verdict is computed from its inputs: results that point the other way give the other verdict."""
+
+import math
+
+import pytest
+
+from specrepro import verdicts as V
+
+
+def _row(task="code", decoding="nucleus", trained=True, s=1.5, lo=1.2, hi=1.8, n=24):
+    return V.SpeedupRow(task, decoding, "draft-x" if trained else "prompt-lookup", trained, s, lo, hi, n, 4)
+
+
+PAPER = {"code": 2.46, "text": 1.92}
+
+
+def test_interval_side():
+    assert V.interval_side(1.1, 1.3) == "above" and V.interval_side(0.7, 0.9) == "below"
+    assert V.interval_side(0.9, 1.1) == "contains" and V.interval_side(None, 1.2) == "no interval"
+    assert V.interval_side(math.nan, math.nan) == "no interval"
+    assert V.fmt_ci(1.2961, 1.0868, 1.5607) == "1.30x [1.09, 1.56]"
+    assert V.fmt_ci(0.82, None, None) == "0.82x (no interval)"
+
+
+def test_verdict_labels_are_checked():
+    with pytest.raises(ValueError, match="unknown verdict label"):
+        V.Verdict("fine", "")
+
+
+def test_table1_each_label_from_its_data():
+    # the paper's size reached on both tasks: reproduces
+    v = V.table1([_row("code", s=2.4, lo=2.0, hi=2.8), _row("text", s=2.0, lo=1.7, hi=2.3)], PAPER)
+    assert v.label == "reproduces" and v.facts["reach"] == 2
+    # reliably faster, below the paper's size: in direction only
+    v = V.table1([_row("code"), _row("text")], PAPER)
+    assert v.label == "in direction only" and "2 of 2 rows reliably faster" in v.reason
+    # one faster, one not
+    assert V.table1([_row("code"), _row("text", s=0.95, lo=0.85, hi=1.05)], PAPER).label == "partly"
+    # none faster, one reliably slower: the contrary verdict
+    v = V.table1([_row("code", s=0.9, lo=0.8, hi=0.97), _row("text", s=1.0, lo=0.9, hi=1.1)], PAPER)
+    assert v.label == "does not reproduce" and v.facts["slower"] == 1
+    assert "0 of 2 rows reliably faster" in v.reason and "1 reliably slower" in v.reason
+
+
+def test_table1_greedy_and_lookup_rows_never_decide():
+    fast_greedy = [_row(decoding="greedy", s=3.0, lo=2.8, hi=3.2), _row(trained=False, s=3.0, lo=2.8, hi=3.2)]
+    v = V.table1(fast_greedy, PAPER)
+    assert v.label == "not tested like for like" and "2 of 2 reliably faster" in v.reason
+    # a slow like-for-like row is the headline however fast the other rows are
+    v = V.table1(fast_greedy + [_row(s=0.8, lo=0.7, hi=0.9)], PAPER)
+    assert v.label == "does not reproduce" and v.facts["other_faster"] == 2
+
+
+def test_arithmetic():
+    counted, thm = {"a": 1.7, "b": 3.6}, {"a": 1.69, "b": 3.9}
+    assert V.arithmetic(counted, thm).label == "reproduces"
+    assert V.arithmetic(counted, {"a": 1.69, "b": 6.0}).label == "partly"  # the theorem off by 40%
+    v = V.arithmetic({"a": 0.9, "b": 3.6}, thm)  # less work somewhere: contrary
+    assert v.label == "does not reproduce" and "more than autoregressive decoding in 1" in v.reason
+    assert V.arithmetic({}, {}).label == "not testable"
+
+
+def _batch(gains, lo_hi, ar=None, steps=None):
+    ar = ar or [10 * (i + 1) for i in range(len(gains))]
+    return [V.BatchRow(b, 20 * g, a, s, lo, hi, 4, None if steps is None else steps[i])
+            for i, (b, g, a, (s, lo, hi)) in enumerate(zip((1, 2, 4, 8), gains, ar, lo_hi))]
+
+
+def test_batch_throughput():
+    faster = [(1.5, 1.2, 1.8)] * 4
+    v = V.batch_throughput(_batch([1, 2, 3, 3.5], faster))
+    assert v.label == "reproduces" and "still reliably faster at the largest batch" in v.reason
+    v = V.batch_throughput(_batch([1, 1.5, 2, 2.5], [(1.5, 1.2, 1.8), (1.3, 1.1, 1.5), (0.9, 0.8, 0.99),
+                                                     (0.8, 0.7, 0.9)]))
+    assert v.label == "in direction only" and v.facts["gone_from"] == 4 and v.facts["slower"] == [4, 8]
+    v = V.batch_throughput(_batch([1, 0.9, 0.8, 0.7], faster))  # contrary: throughput falls with the batch
+    assert v.label == "does not reproduce"
+    # verification costs are reported as measured, never as the cause; a falling baseline is flagged
+    v = V.batch_throughput(_batch([1, 2, 3, 3.5], faster, ar=[10, 9, 12, 14], steps=[1.1, 1.0, 1.2, 2.0]))
+    assert "not isolated as the cause" in v.reason and "because" not in v.reason
+    assert v.facts["ar_rises"] is False and "does not rise" in v.reason
+    assert V.batch_throughput(_batch([1], faster)).label == "not testable"
+
+
+def _cell(decoding="nucleus", p=0.001, identical=0.0, detectable=0.05, margin=0.1):
+    return V.QualityCell("code", decoding, "assert_share", 164, 0.12, 0.13, -0.02, 0.05, margin, p, 0.05,
+                         identical, detectable, 0.019)
+
+
+def test_quality_identical_cells_are_not_equivalence_tests():
+    v = V.quality([_cell("greedy", p=0.0, identical=1.0), _cell()])
+    assert v.label == "reproduces" and "identical outputs on 100%" in v.reason
+    assert v.facts == dict(identical=1, tested=1, equivalent=1, underpowered=0)
+    assert V.quality([_cell("greedy", p=0.0, identical=1.0)]).label == "not testable"
+
+
+def test_quality_contrary():
+    assert V.quality([_cell(p=0.2)]).label == "does not reproduce"
+    v = V.quality([_cell(detectable=0.15)])  # the design cannot see a difference as small as its margin
+    assert v.label == "partly" and "cannot detect" in v.reason and "detects 0.150 at 80% power" in v.reason
+
+
+def _setting(smallest=True, reliable=True, lo=1.05):
+    return dict(smallest_wins=smallest, reliably_faster=reliable, winner_lo=lo, winner_hi=lo + 0.1)
+
+
+def test_draft_size():
+    sizes = ["lens-0", "lens-16"]
+    ok = {"a": _setting(), "b": _setting()}
+    assert V.draft_size(ok, [True, True], sizes).label == "reproduces"
+    assert V.draft_size({"a": _setting(), "b": _setting(reliable=False)}, [True, True], sizes).label == "partly"
+    v = V.draft_size({"a": _setting(False), "b": _setting(False)}, [True, True], sizes)
+    assert v.label == "does not reproduce" and "wins in 0 of 2" in v.reason
+    assert V.draft_size(ok, [True, False], sizes).label == "not testable"
+
+
+def test_ladder_setting():
+    speeds = {"lens-0": (1.10, 1.05, 1.15), "lens-1": (1.12, 1.08, 1.16), "lens-2": (0.9, 0.85, 0.95)}
+    v = V.ladder_setting(speeds, ["lens-0", "lens-1", "lens-2"], [0.3, 0.35, 0.4])
+    assert v["winner"] == "lens-1" and v["runner_up"] == "lens-0" and not v["smallest_wins"]
+    assert v["intervals_overlap"] and not v["reliably_faster"] and v["alpha_rises_with_size"]
+    v = V.ladder_setting(speeds, ["lens-0", "lens-1", "lens-2"], [0.3, 0.2, 0.4], lambda a, b: (1.02, 1.01, 1.04))
+    assert v["reliably_faster"] and v["paired_lo"] == 1.01 and not v["alpha_rises_with_size"]
+    assert v["alpha_largest_above_smallest"]
