@@ -154,3 +154,16 @@ def test_the_assertion_count_cannot_be_faked_or_flooded_by_the_answer():
                              "    assert candidate([1.0], 0.5) is False\n")
     assert data.assertion_program(constant, "    return False\n")[1] == 1  # `assert True` is not counted
     assert data.assertions_passed(constant, "    return True\n") == (0, 1, False)
+
+
+def test_prompts_apart_never_share_a_prompt_with_the_reported_set():
+    from specrepro.acceptance import eval_prompts, prompts_apart
+
+    for task in ("code", "text"):
+        reported = {e["task_id"] for e in eval_prompts(task, 24, 0)}
+        apart = prompts_apart(task, 8, 1, reported)
+        assert len(apart) == 8 and not reported & {e["task_id"] for e in apart}
+        assert [e["task_id"] for e in apart] == [e["task_id"] for e in prompts_apart(task, 8, 1, reported)]
+    every = {e["task_id"] for e in eval_prompts("code", 10_000, 0)}
+    with pytest.raises(ValueError, match="nothing is left"):
+        prompts_apart("code", 1, 0, every)

@@ -116,3 +116,35 @@ def test_table1_verdict_follows_the_draft_and_the_numbers(tmp_path):
     t1 = summary.table1_beside_chen(summary.results(tmp_path))
     assert t1.like_for_like.iloc[0] and set(t1[t1.like_for_like].decoding) == {"nucleus"}
     assert {"XSum", "HumanEval"} <= set(t1.task) and (t1.decoding == "greedy").any()
+
+
+def test_the_like_for_like_rows_of_03_decide_the_table1_verdict(tmp_path):
+    import pandas as pd
+
+    folder = tmp_path / "03-latency"
+    folder.mkdir()
+    rows = [dict(task="code", decoding=d, method=m, kernels="fastest", speedup=1.0 if m == "autoregressive" else 1.5,
+                 speedup_lo=1.0 if m == "autoregressive" else 1.3, speedup_hi=1.0 if m == "autoregressive" else 1.7,
+                 n_prompts=24, quality_metric="q", quality=0.1, quality_lo=0.05, quality_hi=0.15, ms_per_token=30.0)
+            for d in ("greedy", "nucleus") for m in ("autoregressive", "speculative")]
+    pd.DataFrame(rows).to_csv(folder / "table1.csv", index=False)
+    (folder / "parameters.json").write_text(json.dumps({"draft_name": "prompt-lookup", "gamma": 3}))
+    (folder / "metrics.json").write_text("{}")
+
+    def lfl(lo, hi):  # the estimate in the middle of its interval
+        pd.DataFrame([dict(task="code", decoding="nucleus", draft="feature-1", trained=True, gamma=4,
+                           chosen="Chen et al.'s K", method=m, kernel_used="stock", ms_per_token=30.0,
+                           speedup=1.0 if m == "autoregressive" else (lo + hi) / 2,
+                           speedup_lo=1.0 if m == "autoregressive" else lo,
+                           speedup_hi=1.0 if m == "autoregressive" else hi, n_prompts=24, alpha=0.3)
+                      for m in ("autoregressive", "speculative")]).to_csv(folder / "like_for_like.csv", index=False)
+        return summary._table1(summary.results(tmp_path)["03-latency"], None)
+
+    ours, verdict, _ = lfl(0.7, 0.85)  # the lookup rows are fast; the trained draft is not: the headline says so
+    assert verdict.startswith("does not reproduce: like for like (sampled, trained draft), 0 of 1")
+    assert "feature-1, Chen et al.'s K, gamma 4, 24 prompts) 0.77x [0.70, 0.85]" in ours
+    assert "2 of 2 reliably faster" in verdict
+    assert lfl(2.2, 2.7)[1].startswith("reproduces")
+    t1 = summary.table1_beside_chen(summary.results(tmp_path))
+    ours_lfl = t1[t1.source.str.contains("section 1c")]
+    assert ours_lfl.like_for_like.all() and len(ours_lfl) == 2

@@ -30,6 +30,18 @@ def eval_prompts(task: str, n_prompts: int, seed: int = 0) -> list[dict]:
     return [ds[i] for i in idx]
 
 
+def prompts_apart(task: str, n_prompts: int, seed: int, exclude) -> list[dict]:
+    """A seeded sample of the task's held-out prompts none of which has a task id in `exclude`: a set to choose a
+    setting on (e.g. gamma), apart from the prompts the result is reported on, so that the reported number is an
+    out-of-sample one (no winner's curse)."""
+    ds = load_prompts(task)
+    exclude = set(exclude)
+    pool = [i for i in range(len(ds)) if ds[i]["task_id"] not in exclude]
+    if not pool:
+        raise ValueError(f"every {task} prompt is excluded: nothing is left to choose on")
+    return [ds[i] for i in sorted(random.Random(seed).sample(pool, min(n_prompts, len(pool))))]
+
+
 def target_continuations(target, tokenizer, task: str, *, n_prompts: int, n_tokens: int, temperature: float,
                          seed: int = 0, target_id: str = "", cache: bool = True) -> list[dict]:
     """The target's own continuations of held-out prompts (our autoregressive sampler), cached on disk.

@@ -100,19 +100,34 @@ def _regime(r02, r07):
         "02-arithmetic-ops, 07-regime"
 
 
-def _speedup_rows(r03, r07) -> list[verdicts.SpeedupRow]:
-    """03's Table-1 rows (each at its fastest kernel; the draft from the table where it names one, else from 03's
-    parameters) and 07's fastest configuration, as `verdicts.SpeedupRow`s."""
-    t = r03["table1"]
-    params = r03.get("parameters", {})
-    spec = t[(t.method == "speculative") & (t.kernels == "fastest")]
+def speedup_rows(table1: pd.DataFrame, like_for_like: pd.DataFrame | None = None, *, draft: str = "prompt-lookup",
+                 gamma: int | None = None) -> list[verdicts.SpeedupRow]:
+    """03's speedups as `verdicts.SpeedupRow`s: the Table-1 analog's speculative rows (each at its fastest kernel;
+    the draft and gamma from the table where it names them, else `draft`/`gamma`, 03's parameters) and section
+    1c's like-for-like rows (sampled, trained draft)."""
+    fast = table1[table1.method == "speculative"]
+    if "kernels" in fast:
+        fast = fast[fast.kernels == "fastest"]
     rows = []
-    for row in spec.itertuples():
-        draft = getattr(row, "draft", params.get("draft_name", "prompt-lookup"))
-        gamma = getattr(row, "gamma", params.get("gamma"))
-        rows.append(verdicts.SpeedupRow(row.task, row.decoding, draft, models.is_trained(draft), row.speedup,
+    for row in fast.itertuples():
+        name = getattr(row, "draft", draft)
+        g = getattr(row, "gamma", gamma)
+        rows.append(verdicts.SpeedupRow(row.task, row.decoding, name, models.is_trained(name), row.speedup,
                                         _bound(row.speedup_lo), _bound(row.speedup_hi), int(row.n_prompts),
-                                        None if gamma is None else int(gamma)))
+                                        None if g is None else int(g)))
+    if like_for_like is not None and len(like_for_like):
+        for row in like_for_like[like_for_like.method == "speculative"].itertuples():
+            rows.append(verdicts.SpeedupRow(row.task, row.decoding, f"{row.draft}, {row.chosen}", bool(row.trained),
+                                            row.speedup, _bound(row.speedup_lo), _bound(row.speedup_hi),
+                                            int(row.n_prompts), int(row.gamma)))
+    return rows
+
+
+def _speedup_rows(r03, r07) -> list[verdicts.SpeedupRow]:
+    """`speedup_rows` of 03's folder, and 07's fastest configuration."""
+    params = r03.get("parameters", {})
+    rows = speedup_rows(r03["table1"], r03.get("like_for_like"), draft=params.get("draft_name", "prompt-lookup"),
+                        gamma=params.get("gamma"))
     if r07 is not None:
         m = r07["metrics"]
         draft = m.get("draft_name", r07.get("parameters", {}).get("draft_name", "prompt-lookup"))
@@ -122,15 +137,15 @@ def _speedup_rows(r03, r07) -> list[verdicts.SpeedupRow]:
     return rows
 
 
-def _paper_speedups(paper_claims: dict | None = None) -> dict[str, float]:
+def paper_speedups(paper_claims: dict | None = None) -> dict[str, float]:
     """Chen et al.'s sampled Table-1 speedups under our task names (code: HumanEval, text: XSum)."""
     v = {c["id"]: c["value"] for c in (paper_claims or claims())["claims"]}
     return {"code": v["table1_humaneval_speedup"], "text": v["table1_xsum_speedup"]}
 
 
 def _table1(r03, r07):
-    v = verdicts.table1(_speedup_rows(r03, r07), _paper_speedups())
     rows = _speedup_rows(r03, r07)
+    v = verdicts.table1(rows, paper_speedups())
     ours = "; ".join(r.describe() for r in rows)
     return ours, str(v), "03-latency" + (", 07-regime" if r07 is not None else "")
 
@@ -299,6 +314,13 @@ def table1_beside_chen(res: dict[str, dict], paper_claims: dict | None = None) -
                              like_for_like=row.decoding != "greedy" and models.is_trained(draft),
                              metric=row.quality_metric, method=row.method, quality=row.quality,
                              quality_lo=row.quality_lo, quality_hi=row.quality_hi, ms_per_token=row.ms_per_token,
+                             speedup=row.speedup, speedup_lo=row.speedup_lo, speedup_hi=row.speedup_hi,
+                             n_prompts=row.n_prompts))
+        lfl = res["03-latency"].get("like_for_like")
+        for row in (lfl.itertuples() if lfl is not None else ()):
+            rows.append(dict(source=f"ours, 03 section 1c (SmolLM2-135M, 2-core CPU, eager, gamma {row.gamma}: "
+                                    f"{row.chosen})", task=row.task, decoding=row.decoding, draft=row.draft,
+                             like_for_like=bool(row.trained), method=row.method, ms_per_token=row.ms_per_token,
                              speedup=row.speedup, speedup_lo=row.speedup_lo, speedup_hi=row.speedup_hi,
                              n_prompts=row.n_prompts))
     if "07-regime" in res:
