@@ -219,3 +219,41 @@ def test_speedup_interval_of_one_batch_has_no_bounds():
     assert np.isnan(one.lo) and np.isnan(one.hi)
     two = speedup_interval(run("autoregressive", [2.0, 3.0], [10, 10]), run("speculative", [1.0, 2.0], [10, 10]))
     assert two.n_units == 2 and 1.5 - 1e-9 <= two.lo < two.hi <= 2.0 + 1e-9
+
+
+def test_sweep_runs_each_batch_size_with_its_kernel_and_enough_batches():
+    from specrepro import batching
+    from specrepro.kernels import SmallRowLinear
+    from specrepro.tiny import tiny_pair
+
+    target, draft = tiny_pair(V, seed=0, dtype=torch.float32)
+    costs = batching.verify_cost(target, [1, 4], 2, prefix_len=4, repeats=1, kernels=("stock", "small_row"))
+    assert all({"decode_step_ms_stock", "verify_ms_small_row", "ar_kernel", "spec_kernel"} <= set(r) for r in costs)
+    assert all(r["verify_steps"] == r["verify_ms"] / r["decode_step_ms"] for r in costs)
+    chosen = {1: {"autoregressive": "stock", "speculative": "small_row"},
+              4: {"autoregressive": "small_row", "speculative": "stock"}}
+    seen = []
+    real = generate.decode_in_batches
+
+    def spy(model, d, prompts, **kw):  # which kernel the target's layers run when each batch size decodes
+        seen.append((kw["batch_size"], d is None, any(isinstance(m, SmallRowLinear) for m in model.modules()),
+                     len(prompts)))
+        return real(model, d, prompts, **kw)
+
+    prompts = ragged_prompts(12, seed=3)
+    batching.decode_in_batches = spy
+    try:
+        runs = batching.sweep(target, draft, prompts, batch_sizes=[1, 4], gamma=2,
+                              max_new_tokens=3, pad_token_id=PAD, kernels=chosen, n_prompts=3, min_batches=2)
+    finally:
+        batching.decode_in_batches = real
+    # batch 1 decodes the 3 shared prompts; batch 4 gets 8, two batches; each method with its kernel
+    assert seen == [(1, True, False, 3), (1, False, True, 3), (4, True, True, 8), (4, False, False, 8)]
+    assert [(r.batch_size, r.method, r.kernel, len(r.results)) for r in runs] == [
+        (1, "autoregressive", "stock", 3), (1, "speculative", "small_row", 3),
+        (4, "autoregressive", "small_row", 2), (4, "speculative", "stock", 2)]
+    assert not any(isinstance(m, SmallRowLinear) for m in target.modules())  # back to stock
+    assert batching.chosen_kernels(costs)[1].keys() == {"autoregressive", "speculative"}
+    with pytest.raises(ValueError, match="min_batches"):
+        batching.sweep(target, draft, prompts, batch_sizes=[1], gamma=2, max_new_tokens=2, pad_token_id=PAD,
+                       min_batches=0)

@@ -10,16 +10,23 @@ verification costs more than a step and speculation stops paying. Zhang et al. 2
 up to 3x throughput for batched speculative decoding at batch 8 over batch 1 on a GPU.
 
 `sweep` runs both methods on the same prompts at each batch size (autoregressive, then speculative, batch size by
-batch size, so a drift in machine load hits both alike) and keeps every output for the equivalence checker.
+batch size, so a drift in machine load hits both alike) and keeps every output for the equivalence checker. Each
+method runs at each batch size with the linear-layer kernel `verify_cost` measured fastest for its forward there
+(a 1-token step of B rows for autoregressive decoding, a (gamma + 1)-token verification for speculative), chosen
+apart from the timed runs and named in each `BatchedRun`; `min_batches` gives the large batch sizes more prompts,
+so that every batch size's interval rests on several batches.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from collections.abc import Mapping
+
 from . import intervals
 from .generate import GenerationResult, decode_in_batches, pooled_alpha
 from .intervals import Interval
+from .kernels import use_kernel
 from .timing import forward_seconds
 
 
@@ -31,6 +38,7 @@ class BatchedRun:
     batch_size: int
     outputs: list[list[int]]  # each prompt's new tokens, in prompt order
     results: list[GenerationResult]  # one per batch
+    kernel: str = "stock"  # the linear-layer kernel it ran with (`kernels.KERNELS`)
 
     @property
     def seconds(self) -> list[float]:
@@ -57,17 +65,36 @@ class BatchedRun:
 
 
 def sweep(target, draft, prompts: list[list[int]], *, batch_sizes: list[int], gamma: int, max_new_tokens: int,
-          pad_token_id: int, eos_token_id: int | None = None, log=None) -> list[BatchedRun]:
-    """Greedy autoregressive and speculative decoding of `prompts` at every batch size."""
+          pad_token_id: int, eos_token_id: int | None = None, log=None,
+          kernels: Mapping[int, Mapping[str, str]] | None = None, n_prompts: int | None = None,
+          min_batches: int = 1) -> list[BatchedRun]:
+    """Greedy autoregressive and speculative decoding at every batch size B, of the first max(n_prompts,
+    min_batches * B) of `prompts` (all of them by default; `n_prompts` defaults to all), so the prompts every
+    batch size shares come first. `kernels[B][method]` names the kernel each method runs with at B (default: the
+    models' kernels as they are); the target and a model draft are switched to it, and back to stock at the end."""
+    base = len(prompts) if n_prompts is None else n_prompts
+    if min_batches < 1 or base < 1:
+        raise ValueError(f"need min_batches >= 1 and n_prompts >= 1, got {min_batches}, {base}")
     runs = []
     for b in batch_sizes:
+        use = prompts[:max(base, min_batches * b)]
         for method, d in (("autoregressive", None), ("speculative", draft)):
-            outputs, results = decode_in_batches(target, d, prompts, batch_size=b, gamma=gamma,
+            kernel = kernels[b][method] if kernels else "stock"
+            if kernels:
+                use_kernel(target, kernel)
+                if d is not None:
+                    use_kernel(d, kernel)
+            outputs, results = decode_in_batches(target, d, use, batch_size=b, gamma=gamma,
                                                  max_new_tokens=max_new_tokens, pad_token_id=pad_token_id,
                                                  eos_token_id=eos_token_id)
-            runs.append(BatchedRun(method, b, outputs, results))
+            runs.append(BatchedRun(method, b, outputs, results, kernel))
             if log is not None:
-                log(f"batch {b:>2} {method:<14} {runs[-1].tokens_per_second:6.1f} tokens/s")
+                log(f"batch {b:>2} {method:<14} {kernel:<9} {len(use):>3} prompts "
+                    f"{runs[-1].tokens_per_second:6.1f} tokens/s")
+    if kernels:
+        use_kernel(target, "stock")
+        if draft is not None:
+            use_kernel(draft, "stock")
     return runs
 
 
@@ -79,16 +106,34 @@ def speedup_interval(ar: BatchedRun, spec: BatchedRun, *, n_boot: int = 2000, se
     return intervals.speedup_interval(ar.seconds, ar.tokens, spec.seconds, spec.tokens, n_boot=n_boot, seed=seed)
 
 
-def verify_cost(model, batch_sizes: list[int], gamma: int, *, prefix_len: int = 64, repeats: int = 3) -> list[dict]:
-    """At each batch size: the decode step's time, and a verification forward of gamma + 1 tokens per row in decode
-    steps (forwards on a cache of `prefix_len` tokens per row, medians of `repeats`)."""
+def verify_cost(model, batch_sizes: list[int], gamma: int, *, prefix_len: int = 64, repeats: int = 3,
+                kernels: tuple[str, ...] = ("stock",)) -> list[dict]:
+    """At each batch size, with each kernel: a decode step's time and a verification forward of gamma + 1 tokens
+    per row (forwards on a cache of `prefix_len` tokens per row, medians of `repeats`), in columns
+    `decode_step_ms_<kernel>` and `verify_ms_<kernel>`; then the fastest kernel for each (`ar_kernel`,
+    `spec_kernel`), their times (`decode_step_ms`, `verify_ms`) and the verification in decode steps of the fastest
+    step (`verify_steps`). The model is left with the stock kernel."""
     rows = []
     for b in batch_sizes:
-        step = forward_seconds(model, prefix_len, 1, repeats=repeats, batch_size=b)
-        verify = forward_seconds(model, prefix_len, gamma + 1, repeats=repeats, batch_size=b)
-        rows.append(dict(batch_size=b, decode_step_ms=1e3 * step, verify_ms=1e3 * verify,
-                         verify_steps=verify / step, step_ms_per_row=1e3 * step / b))
+        row = dict(batch_size=b)
+        for k in kernels:
+            use_kernel(model, k)
+            row[f"decode_step_ms_{k}"] = 1e3 * forward_seconds(model, prefix_len, 1, repeats=repeats, batch_size=b)
+            row[f"verify_ms_{k}"] = 1e3 * forward_seconds(model, prefix_len, gamma + 1, repeats=repeats,
+                                                          batch_size=b)
+        ar = min(kernels, key=lambda k, row=row: row[f"decode_step_ms_{k}"])
+        spec = min(kernels, key=lambda k, row=row: row[f"verify_ms_{k}"])
+        step, verify = row[f"decode_step_ms_{ar}"], row[f"verify_ms_{spec}"]
+        rows.append(row | dict(ar_kernel=ar, spec_kernel=spec, decode_step_ms=step, verify_ms=verify,
+                               verify_steps=verify / step, step_ms_per_row=step / b))
+    use_kernel(model, "stock")
     return rows
+
+
+def chosen_kernels(costs: list[dict]) -> dict[int, dict[str, str]]:
+    """{batch size: {"autoregressive": kernel, "speculative": kernel}} from `verify_cost` rows: the `kernels`
+    argument of `sweep`."""
+    return {r["batch_size"]: {"autoregressive": r["ar_kernel"], "speculative": r["spec_kernel"]} for r in costs}
 
 
 def crossover(runs: list[BatchedRun]) -> int | None:
