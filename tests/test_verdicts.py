@@ -122,3 +122,18 @@ def test_ladder_setting():
     v = V.ladder_setting(speeds, ["lens-0", "lens-1", "lens-2"], [0.3, 0.2, 0.4], lambda a, b: (1.02, 1.01, 1.04))
     assert v["reliably_faster"] and v["paired_lo"] == 1.01 and not v["alpha_rises_with_size"]
     assert v["alpha_largest_above_smallest"]
+
+
+def test_ladder_setting_tests_the_calibrations_choice():
+    speeds = {"lens-0": (1.10, 1.05, 1.15), "lens-1": (1.12, 1.08, 1.16), "lens-2": (0.9, 0.85, 0.95)}
+    sizes, alphas = ["lens-0", "lens-1", "lens-2"], [0.3, 0.35, 0.4]
+    # the calibration predicted lens-0 first: it is the winner tested, though lens-1 measured faster here
+    v = V.ladder_setting(speeds, sizes, alphas, lambda a, b: (0.98, 0.95, 1.01), predicted={
+        "lens-0": 1.2, "lens-1": 1.1, "lens-2": 1.0})
+    assert v["winner"] == "lens-0" and v["runner_up"] == "lens-1" and v["smallest_wins"]
+    assert v["measured_winner"] == "lens-1" and not v["predicted_is_measured"] and not v["reliably_faster"]
+    assert v["chosen_on"] == "calibration"
+    v2 = V.ladder_setting(speeds, sizes, alphas, predicted={"lens-0": 1.0, "lens-1": 1.3, "lens-2": 1.1})
+    assert v2["predicted_is_measured"] and v2["runner_up"] == "lens-2"
+    verdict = V.draft_size({"a": v, "b": v2}, [True, True], sizes)
+    assert verdict.facts["predicted_is_measured"] == 1 and "agreed on the winner in 1 of 2" in verdict.reason

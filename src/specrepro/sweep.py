@@ -383,6 +383,8 @@ def table2(cell_rows: list[dict], calibration: dict[str, Calibration], params: d
                         speedup_lo=best["speedup_lo"], speedup_hi=best["speedup_hi"], gamma_pred=gamma_pred,
                         predicted_speedup=predict(cal, gamma_pred),
                         measured_at_gamma_pred=measured_at_pred["speedup"],
+                        measured_at_gamma_pred_lo=measured_at_pred["speedup_lo"],
+                        measured_at_gamma_pred_hi=measured_at_pred["speedup_hi"],
                         predicted_at_best=predict(cal, best["gamma"]),
                         predicted_replay=predict_replay(cal, gamma_pred),
                         prediction_error=predict(cal, gamma_pred) / measured_at_pred["speedup"] - 1,

@@ -257,24 +257,31 @@ def quality(cells: Sequence[QualityCell]) -> Verdict:
 
 
 def ladder_setting(speedups: Mapping[str, tuple[float, float, float]], sizes: Sequence[str],
-                   alphas: Sequence[float], paired: Callable[[str, str], tuple[float, float, float]] | None = None
-                   ) -> dict:
-    """One setting (task x temperature) of the draft-size sweep: `speedups` maps each ladder draft to (speedup, lo,
-    hi) at its best gamma, `sizes` lists the drafts from smallest to largest, `alphas` their acceptance rates in
-    that order at one gamma, `paired(winner, runner_up)` the ratio of the two on the same prompts (estimate, lo,
-    hi; `sweep.speedup_ratio`).
+                   alphas: Sequence[float], paired: Callable[[str, str], tuple[float, float, float]] | None = None,
+                   predicted: Mapping[str, float] | None = None) -> dict:
+    """One setting (task x temperature) of the draft-size sweep: `speedups` maps each ladder draft to its measured
+    (speedup, lo, hi), `sizes` lists the drafts from smallest to largest, `alphas` their acceptance rates in that
+    order at one gamma, `paired(a, b)` the ratio of a over b on the same prompts (estimate, lo, hi;
+    `sweep.speedup_ratio`), `predicted` each draft's speedup predicted from a calibration on other prompts.
 
-    Returns the winner, the runner-up, whether the smallest draft wins, whether the winner is reliably faster than
-    the runner-up (the paired interval above 1; without `paired`, the two marginal intervals clear of each other),
-    whether alpha rises with size at every step, and whether the largest draft accepts more than the smallest."""
-    order = sorted(speedups, key=lambda d: speedups[d][0], reverse=True)
+    With `predicted`, the winner and runner-up are the calibration's (so the measurement tests a choice made
+    elsewhere: no winner's curse), `speedups` should hold each draft measured at the gamma the calibration chose,
+    and `measured_winner` / `predicted_is_measured` say whether the measurement agrees. Without it, both are picked
+    on the measurement itself. Returns the winner, the runner-up, whether the smallest draft wins, whether the winner
+    is reliably faster than the runner-up (the paired interval above 1; without `paired`, the two marginal
+    intervals clear of each other), whether alpha rises with size at every step, and whether the largest draft
+    accepts more than the smallest."""
+    measured = sorted(speedups, key=lambda d: speedups[d][0], reverse=True)
+    order = sorted(speedups, key=lambda d: predicted[d], reverse=True) if predicted else measured
     win, second = order[0], order[1] if len(order) > 1 else None
     s, lo, hi = speedups[win]
     overlap = second is not None and speedups[second][2] >= lo
     out = dict(winner=win, winner_speedup=float(s), winner_lo=float(lo), winner_hi=float(hi), runner_up=second,
                intervals_overlap=bool(overlap), smallest_wins=win == sizes[0],
                alpha_rises_with_size=all(b > a for a, b in zip(alphas, alphas[1:])),
-               alpha_largest_above_smallest=bool(alphas[-1] > alphas[0]))
+               alpha_largest_above_smallest=bool(alphas[-1] > alphas[0]),
+               chosen_on="calibration" if predicted else "the measurement itself", measured_winner=measured[0],
+               predicted_is_measured=bool(predicted) and win == measured[0])
     if paired is not None and second is not None:
         est, plo, phi = paired(win, second)
         out |= dict(paired_ratio=float(est), paired_lo=float(plo), paired_hi=float(phi),
@@ -299,9 +306,15 @@ def draft_size(settings: Mapping[str, dict], alpha_rises: Iterable[bool], sizes:
     if sum(rises) < len(rises) or not n:
         return Verdict("not testable", f"alpha does not rise with size in every setting (largest above smallest in "
                        f"{sum(rises)} of {len(rises)})", facts)
+    chosen = [v for v in settings.values() if v.get("chosen_on") == "calibration"]
     reason = (f"alpha rises from {sizes[0]} to {sizes[-1]} in every setting; the smallest draft wins in {smallest} "
               f"of {n}, and the winner is reliably faster than the runner-up in {reliable} of {n}; the ladder's best "
               f"is reliably faster than autoregressive decoding in {above} of {n}")
+    if chosen:
+        agree = sum(v["predicted_is_measured"] for v in chosen)
+        facts["predicted_is_measured"] = agree
+        reason += (f" (winner and runner-up chosen on calibration prompts in {len(chosen)} of {n}; the measurement "
+                   f"agreed on the winner in {agree} of {len(chosen)})")
     if smallest == n and reliable == n:
         return Verdict("reproduces", reason, facts)
     return Verdict("partly" if smallest else "does not reproduce", reason, facts)
