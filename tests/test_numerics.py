@@ -139,3 +139,23 @@ def test_tost_shows_equivalence_only_with_enough_data_and_a_difference_inside_th
     assert paired_equivalence_test(passed, passed, margin=0.05).equivalent  # identical answers: no variance
     with pytest.raises(ValueError, match="margin > 0"):
         paired_equivalence_test(a, same, margin=0)
+
+
+def test_proportion_interval_is_wilsons():
+    from specrepro.intervals import proportion
+
+    ci = proportion(0, 200)  # none seen in 200: the interval still says how many there could be
+    assert ci.estimate == 0 and ci.lo == pytest.approx(0, abs=1e-12) and 0.018 < ci.hi < 0.020
+    ci = proportion(19, 30)  # the weakest planted-bug cell of 01 at 2,000 samples
+    assert (round(ci.lo, 3), round(ci.hi, 3)) == (0.455, 0.781)
+    assert proportion(30, 30).hi == 1.0 and proportion(30, 30).lo > 0.88
+    with pytest.raises(ValueError, match="0 <= k <= n"):
+        proportion(3, 2)
+
+
+def test_detectable_difference_shrinks_with_the_sample():
+    d100, d400 = N.detectable_difference(0.3, 100), N.detectable_difference(0.3, 400)
+    assert d100 == pytest.approx(2 * d400, rel=0.02) and 0.08 < d100 < 0.09  # (1.98 + 0.84) * 0.03
+    assert N.detectable_difference(0.0, 10) == 0.0
+    with pytest.raises(ValueError):
+        N.detectable_difference(0.3, 1)

@@ -19,9 +19,8 @@ so that every batch size's interval rests on several batches.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from . import intervals
 from .generate import GenerationResult, decode_in_batches, pooled_alpha

@@ -18,6 +18,7 @@ import torch
 from scipy import stats as sps
 
 from .generate import Steps, accept, decode, draw_uniforms, propose
+from .intervals import proportion
 from .sampling import SamplingConfig, probs_from_logits, sample_from, speculative_accept
 
 
@@ -202,9 +203,8 @@ class Power:
 
     @property
     def interval(self) -> tuple[float, float]:
-        z, n, p = 1.959964, self.reps, self.rejected / self.reps
-        centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-        return max(0.0, centre - half / (1 + z * z / n)), min(1.0, centre + half / (1 + z * z / n))
+        ci = proportion(self.rejected, self.reps)
+        return ci.lo, ci.hi
 
 
 def replicated_power(samples: np.ndarray, exact: np.ndarray, vocab_size: int, *, n_samples: int,

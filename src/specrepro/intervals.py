@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import norm
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,17 @@ class Interval:
 
     def __str__(self) -> str:
         return f"{self.estimate:.2f} [{self.lo:.2f}, {self.hi:.2f}] ({self.level:.0%} CI, n={self.n_units})"
+
+
+def proportion(k: int, n: int, *, level: float = 0.95) -> Interval:
+    """k successes in n independent trials: the share with its Wilson score interval (Wilson 1927), which stays
+    inside [0, 1] and is not degenerate at 0 or n successes (0 of 200 gives [0, 0.019], not [0, 0])."""
+    if n < 1 or not 0 <= k <= n or not 0 < level < 1:
+        raise ValueError(f"need 0 <= k <= n, n >= 1 and 0 < level < 1; got k={k}, n={n}, level={level}")
+    z, p = float(norm.ppf((1 + level) / 2)), k / n
+    centre, half = p + z * z / (2 * n), z * float(np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)))
+    scale = 1 + z * z / n
+    return Interval(p, max(0.0, (centre - half) / scale), min(1.0, (centre + half) / scale), n, level)
 
 
 def bootstrap(statistic: Callable[..., float], *columns, n_boot: int = 2000, level: float = 0.95,
