@@ -1,5 +1,6 @@
 """The timing helpers: every call timed once, results as data (no speed is asserted: the machine is shared)."""
 
+import pytest
 
 from specrepro import timing
 from specrepro.tiny import tiny_target
@@ -27,3 +28,37 @@ def test_forward_seconds_times_a_forward_after_a_cached_prefix():
 def test_roofline_probes_give_positive_rates():
     assert timing.peak_matmul_flops(n=64, repeats=2) > 0
     assert timing.memory_bandwidth(n_bytes=1 << 16, repeats=2) > 0
+
+
+def test_overhead_fit_recovers_a_known_line_and_refuses_one_point():
+    from specrepro.timing import overhead_fit
+
+    gb = [0.1e9, 0.3e9, 0.5e9, 0.9e9]
+    fit = overhead_fit(gb, [8.0 + 20.0 * b / 1e9 for b in gb])  # 8 ms fixed, 20 ms per GB: 50 GB/s
+    assert fit["overhead_ms"] == pytest.approx(8.0) and fit["bandwidth"] == pytest.approx(50e9)
+    assert fit["r2"] == pytest.approx(1.0) and fit["n_models"] == 4
+    with pytest.raises(ValueError, match="two models"):
+        overhead_fit([1e9, 1e9], [3.0, 4.0])
+
+
+def test_step_vs_bytes_on_models_of_one_depth():
+    import torch
+
+    from specrepro.timing import step_vs_bytes
+    from specrepro.tiny import tiny_target, widened
+
+    base = tiny_target(64, hidden_size=32, layers=3, dtype=torch.float32)
+    models = {w: widened(base.config, w) for w in (32, 64, 128)}
+    assert [m.config.num_hidden_layers for m in models.values()] == [3, 3, 3]
+    assert [m.config.hidden_size for m in models.values()] == [32, 64, 128]
+    rows = step_vs_bytes(models, 8, repeats=1)
+    assert [r["hidden_size"] for r in rows] == [32, 64, 128]
+    assert rows[0]["bytes"] < rows[1]["bytes"] < rows[2]["bytes"] and all(r["step_ms"] > 0 for r in rows)
+
+
+def test_forward_ms_is_a_roofline_with_a_fixed_cost():
+    from specrepro.theory import forward_ms
+
+    kw = dict(overhead_ms=5.0, bytes_read=1e9, bandwidth=50e9, flops_per_token=1e9, peak_flops=200e9)
+    # memory time 20 ms; compute 5 ms per token: flat up to the ridge at 4 tokens, then linear
+    assert [forward_ms(k, **kw) for k in (1, 4, 8)] == pytest.approx([25.0, 25.0, 45.0])

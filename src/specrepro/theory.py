@@ -81,3 +81,13 @@ def walltime_improvement_lengths(alpha: float, lengths, *, t_target: float, t_dr
     tokens = sum(1.0 if g == 0 else expected_tokens(alpha, g) for g in lengths)
     seconds = sum(g * t_draft + v + t_overhead for g, v in zip(lengths, verify))
     return tokens * t_target / seconds
+
+
+def forward_ms(tokens: int, *, overhead_ms: float, bytes_read: float, bandwidth: float, flops_per_token: float,
+               peak_flops: float):
+    """A roofline with a fixed cost: the time of one forward of `tokens` tokens predicted from the machine's
+    balance, overhead_ms + max(bytes_read / bandwidth, tokens x flops_per_token / peak_flops), in ms. With the
+    overhead at 0 it is the pure roofline: a forward costs one step's time until tokens x flops_per_token /
+    peak_flops passes the memory time (the ridge, at bytes_read x peak_flops / (bandwidth x flops_per_token)
+    tokens), then grows linearly."""
+    return overhead_ms + 1e3 * max(bytes_read / bandwidth, tokens * flops_per_token / peak_flops)

@@ -12,8 +12,10 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
+from .flops import flops_config, forward_bytes
 from .kvcache import make_cache, model_forward
 
 
@@ -132,3 +134,29 @@ def memory_bandwidth(device="cpu", n_bytes: int = 1 << 30, repeats: int = 5) -> 
     x.sum()  # warm-up
     times = [timed(x.sum, device)[0] for _ in range(repeats)]
     return n_bytes / min(times)
+
+
+def step_vs_bytes(models, context: int, *, repeats: int = 5, device=None) -> list[dict]:
+    """For each model of `models` ({name: model}, e.g. `tiny.widened` at several widths, one depth): the bytes a
+    decode step must read (`flops.forward_bytes` at `context` cached tokens) and the step's median time. A line
+    through these points separates the step's fixed part (framework overhead: the intercept) from the part that
+    grows with the bytes read (the slope: the inverse of the bandwidth the step achieves)."""
+    rows = []
+    for name, model in models.items():
+        size = next(model.parameters()).element_size()
+        read = sum(forward_bytes(flops_config(model), 1, context, bytes_per_param=size).values())
+        rows.append(dict(model=name, hidden_size=model.config.hidden_size, bytes=read,
+                         step_ms=1e3 * forward_seconds(model, context, 1, repeats=repeats, device=device)))
+    return rows
+
+
+def overhead_fit(bytes_read, step_ms) -> dict:
+    """Least squares step_ms = overhead_ms + bytes / bandwidth over models of one depth: the fixed cost of a step
+    (`overhead_ms`), the bandwidth the step achieves on its bytes (`bandwidth`, bytes/s), and R^2."""
+    x, y = np.asarray(bytes_read, dtype=np.float64), np.asarray(step_ms, dtype=np.float64)
+    if x.size < 2 or np.ptp(x) == 0:
+        raise ValueError("need at least two models that read different numbers of bytes")
+    slope, intercept = np.polyfit(x, y, 1)
+    r2 = 1 - float(np.sum((y - (intercept + slope * x)) ** 2)) / max(float(np.sum((y - y.mean()) ** 2)), 1e-300)
+    return dict(overhead_ms=float(intercept), bandwidth=float(1e3 / slope) if slope > 0 else float("inf"),
+                ms_per_gb=float(slope * 1e9), r2=r2, n_models=int(x.size))

@@ -35,6 +35,26 @@ def tiny_pair(vocab_size: int = 8, *, seed: int = 0, dtype: torch.dtype = torch.
             tiny_draft(vocab_size, seed=seed + 1, dtype=dtype))
 
 
+def widened(config, width: int, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
+    """A random Llama with `config`'s depth, vocabulary and head size at hidden size about `width` (a whole number of
+    heads; KV heads and the MLP at the config's ratios): models of one depth and several widths, to time a decode
+    step against the bytes it reads with the framework's per-layer work held fixed. Random weights: for timing
+    only."""
+    head = config.hidden_size // config.num_attention_heads
+    heads = max(1, round(width / head))
+    kv = max(1, round(heads * config.num_key_value_heads / config.num_attention_heads))
+    while heads % kv:
+        kv -= 1
+    d = heads * head
+    cfg = LlamaConfig(vocab_size=config.vocab_size, hidden_size=d,
+                      intermediate_size=round(config.intermediate_size * d / config.hidden_size),
+                      num_hidden_layers=config.num_hidden_layers, num_attention_heads=heads, num_key_value_heads=kv,
+                      max_position_embeddings=config.max_position_embeddings,
+                      tie_word_embeddings=config.tie_word_embeddings, rms_norm_eps=config.rms_norm_eps,
+                      rope_theta=getattr(config, "rope_theta", 10000.0), initializer_range=0.02)
+    return _build(LlamaForCausalLM, cfg, seed, dtype)
+
+
 def tiny_feature_draft(target, *, seed: int = 2, keep: int | None = None, init_scale: float = 3.0,
                        regress: bool = False):
     """A feature-reading draft (`specrepro.eagle.FeatureDraft`, one layer) on a tiny Llama target, reading the
