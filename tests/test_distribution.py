@@ -154,3 +154,38 @@ def test_replicated_power_splits_draws_into_independent_tests():
     assert lo < strong.power <= hi <= 1
     with pytest.raises(ValueError, match="draw more samples"):
         replicated_power(null[:10], exact, 4, n_samples=100, false_alarm=0.05)
+
+
+def test_the_sparse_joint_is_the_dense_one_on_its_support():
+    from specrepro.distribution import exact_joint_distribution, exact_joint_sparse
+    from specrepro.tiny import tiny_target
+
+    target = tiny_target(16, seed=3, dtype=torch.float64)
+    ids = torch.tensor([[1, 5, 2]])
+    for cfg in (SamplingConfig(1.0, top_k=3), SamplingConfig(0.8, top_p=0.7)):
+        dense = exact_joint_distribution(target, ids, 2, cfg)
+        sparse = exact_joint_sparse(target, ids, 2, cfg, chunk=2)
+        assert sum(sparse.values()) == pytest.approx(1.0)
+        assert {k for k in zip(*np.nonzero(dense.numpy()))} == set(sparse)
+        assert all(float(dense[k]) == pytest.approx(v) for k, v in sparse.items())
+    with pytest.raises(ValueError, match="max_cells"):
+        exact_joint_sparse(target, ids, 2, SamplingConfig(1.0), max_cells=20)
+
+
+def test_ragged_batches_sample_each_prompts_distribution_and_catch_a_planted_bug():
+    from specrepro.distribution import exact_joint_sparse, gof_sparse, sample_ragged
+    from specrepro.tiny import tiny_draft, tiny_target
+
+    target, draft = tiny_target(16, seed=3, dtype=torch.float64), tiny_draft(16, seed=4, dtype=torch.float64)
+    prompts = [[1, 5, 2], [7, 3, 3, 9, 4, 1], [2]]
+    cfg = SamplingConfig(1.0, top_k=3)
+    got = sample_ragged(target, draft, prompts, method="speculative", n_tokens=2, n_samples=3000, cfg=cfg,
+                        generator=torch.Generator().manual_seed(0), gamma=2, batch_rows=48)
+    assert [a.shape for a in got] == [(3000, 2)] * 3
+    for p, samples in zip(prompts, got):
+        assert not gof_sparse(samples, exact_joint_sparse(target, torch.tensor([p]), 2, cfg)).rejects(FALSE_ALARM)
+    # the same test sees a sample outside the support, and a wrong distribution
+    exact = exact_joint_sparse(target, torch.tensor([prompts[0]]), 2, cfg)
+    assert gof_sparse(np.array([[15, 15]] + [list(next(iter(exact)))] * 99), exact).impossible == 1
+    wrong = np.array([list(k) for k in exact for _ in range(200)])  # every continuation equally often
+    assert gof_sparse(wrong, exact).rejects(FALSE_ALARM)

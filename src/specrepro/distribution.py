@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from scipy import stats as sps
 
-from .generate import Steps, accept, decode, draw_uniforms, propose
+from .generate import Steps, accept, decode, draw_uniforms, left_pad, propose
 from .intervals import proportion
 from .sampling import SamplingConfig, probs_from_logits, sample_from, speculative_accept
 
@@ -41,6 +41,69 @@ def exact_joint_distribution(model, input_ids: torch.Tensor, n_tokens: int, cfg:
             nxt = torch.arange(V, device=device).repeat(prefixes.shape[0])[:, None]
             prefixes = torch.cat([prefixes.repeat_interleave(V, dim=0), nxt], dim=1)
     return joint
+
+
+def exact_joint_sparse(model, input_ids: torch.Tensor, n_tokens: int, cfg: SamplingConfig, *,
+                       max_cells: int = 200_000, chunk: int = 64) -> dict[tuple[int, ...], float]:
+    """P(x_1..x_n | prompt) under the warped target distribution for a real vocabulary: only the continuations of
+    nonzero probability, which top-k or top-p keep few ({continuation: probability}, summing to 1). Each level scores
+    the surviving prefixes by full forwards without a KV cache (the reference graph), `chunk` rows at a time."""
+    if input_ids.shape[0] != 1:
+        raise ValueError("exact_joint_sparse takes one prompt, shape (1, L)")
+    if cfg.temperature <= 0:
+        raise ValueError("greedy decoding has one continuation; the joint distribution is for sampling")
+    device = next(model.parameters()).device
+    prompt = input_ids[0].tolist()
+    support: dict[tuple[int, ...], float] = {(): 1.0}
+    for _ in range(n_tokens):
+        keys, new = list(support), {}
+        for start in range(0, len(keys), chunk):
+            part = keys[start:start + chunk]
+            ids = torch.tensor([prompt + list(k) for k in part], device=device)
+            with torch.no_grad():
+                probs = probs_from_logits(model(input_ids=ids).logits[:, -1], cfg).double().cpu()
+            for key, row in zip(part, probs):
+                for t in torch.nonzero(row).flatten().tolist():
+                    new[key + (t,)] = support[key] * float(row[t])
+        if len(new) > max_cells:
+            raise ValueError(f"{len(new):,} continuations of nonzero probability after {len(next(iter(new)))} tokens "
+                             f"(more than max_cells = {max_cells:,}): use top-k, a smaller top-p or fewer tokens")
+        support = new
+    return support
+
+
+def gof_sparse(samples: np.ndarray, exact: dict[tuple[int, ...], float], min_expected: float = 5.0) -> GofResult:
+    """`chisquare_gof` of sampled continuations ((N, n) token ids) against `exact_joint_sparse`; a sample outside
+    the exact support is impossible and rejects outright."""
+    cells = {k: i for i, k in enumerate(exact)}
+    counts = np.zeros(len(cells) + 1)  # the last cell: everything outside the support (probability 0)
+    for row in np.asarray(samples, dtype=np.int64):
+        counts[cells.get(tuple(row.tolist()), len(cells))] += 1
+    probs = np.append(np.fromiter(exact.values(), dtype=np.float64), 0.0)
+    return chisquare_gof(counts, probs / probs.sum(), min_expected)
+
+
+def sample_ragged(target, draft, prompts: list[list[int]], *, method: str, n_tokens: int, n_samples: int,
+                  cfg: SamplingConfig, generator: torch.Generator, gamma: int = 1, batch_rows: int = 8,
+                  pad_token_id: int = 0) -> list[np.ndarray]:
+    """`n_samples` continuations of each prompt, drawn inside left-padded batches of `batch_rows` rows that cycle
+    through the prompts (so rows of different lengths decode together): the batched loop's samples, prompt by
+    prompt, as (n_samples, n_tokens) arrays."""
+    if method not in ("autoregressive", "speculative") or not prompts or batch_rows < 1:
+        raise ValueError("need method 'autoregressive' or 'speculative', at least one prompt and batch_rows >= 1")
+    d = draft if method == "speculative" else None
+    out: list[list[np.ndarray]] = [[] for _ in prompts]
+    i = 0
+    while min(sum(len(a) for a in got) for got in out) < n_samples:
+        which = [(i + r) % len(prompts) for r in range(batch_rows)]
+        i += batch_rows
+        ids, mask = left_pad([prompts[w] for w in which], pad_token_id)
+        r = decode(target, d, ids, mask, gamma=gamma if d is not None else 0, max_new_tokens=n_tokens, cfg=cfg,
+                   generator=generator, pad_token_id=pad_token_id)
+        new = r.sequences[:, ids.shape[1]:].numpy()
+        for row, w in enumerate(which):
+            out[w].append(new[row:row + 1])
+    return [np.concatenate(got)[:n_samples] for got in out]
 
 
 def counts_of(samples: np.ndarray | list, vocab_size: int) -> np.ndarray:
