@@ -189,3 +189,29 @@ def test_ragged_batches_sample_each_prompts_distribution_and_catch_a_planted_bug
     assert gof_sparse(np.array([[15, 15]] + [list(next(iter(exact)))] * 99), exact).impossible == 1
     wrong = np.array([list(k) for k in exact for _ in range(200)])  # every continuation equally often
     assert gof_sparse(wrong, exact).rejects(FALSE_ALARM)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("draft_name", ["prompt-lookup", "feature-1"])
+def test_the_real_pair_samples_the_targets_first_tokens(draft_name):
+    """On SmolLM2 and a shipped draft, in a ragged batch: no sample outside the target's top-k support (a wrong
+    vocabulary, a feature draft fed the wrong states, a misplaced row would put some there) and no rejection by
+    the goodness-of-fit test. 240 samples per prompt: a check for gross errors, not a power study (the sampler
+    handles about 5-10 samples a second on a 2-core CPU; the exact test with power is 01's, on tiny models)."""
+    from specrepro import models
+    from specrepro.distribution import exact_joint_sparse, gof_sparse, sample_ragged
+
+    try:
+        models.gguf_path()
+    except models.ModelFilesMissing as err:
+        pytest.skip(str(err))
+    target, tok = models.load_target(), models.load_tokenizer()
+    draft = models.load_draft(draft_name, target=target)
+    prompts = [tok(p).input_ids for p in ("def add(a, b):\n    return", "for i in range(3):\n    for i in")]
+    cfg = SamplingConfig(2.0, top_k=4)  # flattened, so that 240 samples fill the 16 cells
+    got = sample_ragged(target, draft, prompts, method="speculative", n_tokens=2, n_samples=240, cfg=cfg,
+                        generator=torch.Generator().manual_seed(0), gamma=3, batch_rows=96,
+                        pad_token_id=tok.pad_token_id or 0)
+    for p, samples in zip(prompts, got):
+        result = gof_sparse(samples, exact_joint_sparse(target, torch.tensor([p]), 2, cfg))
+        assert result.impossible == 0 and not result.rejects(FALSE_ALARM), (draft_name, result)
