@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from . import bench, intervals, walltime
+from . import bench, intervals, verdicts, walltime
 from .acceptance import betas as acceptance_betas
 from .acceptance import position_logits
 from .generate import autoregressive_generate, checked_length, eos_set, speculative_generate, tested
@@ -390,6 +390,25 @@ def table2(cell_rows: list[dict], calibration: dict[str, Calibration], params: d
                         prediction_error=predict(cal, gamma_pred) / measured_at_pred["speedup"] - 1,
                         n_prompts=best["n_prompts"]))
     return out
+
+
+def setting_verdict(table2_rows, runs: list[SweepRun], ladder: list[str], alphas: list[float], *,
+                    seed: int = 0) -> dict:
+    """`verdicts.ladder_setting` for one task x temperature of the sweep: `table2_rows` (the `table2` rows of that
+    setting as a DataFrame indexed by draft) gives each ladder draft's prediction from the calibration and its
+    measurement at the gamma the calibration chose; the calibration's first two are tested against each other
+    paired on the sweep's prompts (`speedup_ratio`, each at its calibrated gamma), so nothing is chosen on the runs
+    that test it."""
+    lad = table2_rows.loc[[d for d in ladder if d in table2_rows.index]]
+
+    def paired(a: str, b: str) -> tuple[float, float, float]:
+        r = speedup_ratio(runs, (a, int(lad.gamma_pred[a])), (b, int(lad.gamma_pred[b])), seed=seed)
+        return r.estimate, r.lo, r.hi
+
+    return verdicts.ladder_setting(
+        {d: (r.measured_at_gamma_pred, r.measured_at_gamma_pred_lo, r.measured_at_gamma_pred_hi)
+         for d, r in lad.iterrows()}, ladder, alphas, paired,
+        predicted={d: r.predicted_speedup for d, r in lad.iterrows()})
 
 
 def verify_steps(verify_ms: list[float]) -> list[float]:
