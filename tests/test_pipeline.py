@@ -171,3 +171,35 @@ def test_reproduce_refuses_unknown_notebooks(capsys):
     assert set(reproduce.QUICK) == {nb.stem for nb in NOTEBOOKS}  # every notebook has a quick configuration
     for nb in NOTEBOOKS:
         assert set(reproduce.QUICK[nb.stem]) <= set(declared_parameters(nb))
+
+
+def test_the_kernel_runs_quiet_and_the_callers_environment_is_left_as_it_was(tmp_path, monkeypatch):
+    import os
+
+    from tqdm import tqdm
+
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    monkeypatch.setenv("TRANSFORMERS_VERBOSITY", "info")  # a caller's own setting wins
+    nb = _notebook(tmp_path / "97-demo.ipynb", "import json, os, pathlib\n"
+                   "from tqdm import tqdm\n"
+                   "pathlib.Path(out_dir, 'metrics.json').write_text(json.dumps(dict(\n"
+                   "    tqdm=os.environ.get('TQDM_DISABLE'), verbosity=os.environ.get('TRANSFORMERS_VERBOSITY'),\n"
+                   "    bar_disabled=tqdm(range(2)).disable)))")
+    out = run_notebook(nb, tmp_path / "out" / "97-demo", {})
+    seen = json.loads((out / "metrics.json").read_text())
+    assert seen == {"tqdm": "1", "verbosity": "info", "bar_disabled": True}
+    assert "TQDM_DISABLE" not in os.environ and not tqdm(range(2)).disable  # restored for the caller
+
+
+def test_formatted_tables_fold_intervals_in_and_show_every_column():
+    import numpy as np
+    import pandas as pd
+
+    from specrepro.report import formatted
+
+    df = pd.DataFrame({f"c{i}": [i] for i in range(30)} | dict(speedup=[1.2961], speedup_lo=[1.0868],
+                                                              speedup_hi=[1.5607]))
+    html = formatted(df, {"speedup": ("speedup_lo", "speedup_hi")}).to_html()
+    assert "1.30 [1.09, 1.56]" in html and "c29" in html and "speedup_lo" not in html
+    one = pd.DataFrame(dict(speedup=[0.82], speedup_lo=[np.nan], speedup_hi=[np.nan]))
+    assert "0.82 (no interval)" in formatted(one, {"speedup": ("speedup_lo", "speedup_hi")}).to_html()

@@ -83,6 +83,20 @@ def declared_parameters(notebook: Path) -> dict[str, Any]:
             for name, p in pm.inspect_notebook(str(notebook)).items()}
 
 
+QUIET_KERNEL = {  # environment of the notebook's kernel: progress bars and loader messages stay out of the outputs
+    "TQDM_DISABLE": "1",  # tqdm (transformers' "Loading weights", datasets)
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    "PYTHONWARNINGS": "ignore:IProgress not found",  # tqdm.auto's notice when ipywidgets is not installed
+}
+
+
+def _restore(added: dict) -> None:
+    for k in added:
+        os.environ.pop(k, None)
+
+
 def run_notebook(notebook: str | os.PathLike, out_dir: str | os.PathLike | None = None,
                  parameters: dict[str, Any] | None = None, *, html: bool = True,
                  timeout_s: int | None = None, progress_bar: bool = False,
@@ -114,9 +128,12 @@ def run_notebook(notebook: str | os.PathLike, out_dir: str | os.PathLike | None 
     executed = staging / f"{name}.ipynb"
     key = inputs_key(notebook, declared | dict(parameters or {}))  # before the run: what it ran on
     started, t0 = datetime.now().isoformat(timespec="seconds"), time.monotonic()
+    quiet = {k: v for k, v in QUIET_KERNEL.items() if k not in os.environ}  # the caller's own settings win
+    os.environ.update(quiet)  # the kernel inherits them: no progress bars or loader chatter in the saved notebook
     try:
+        bar = dict(unit="cell", desc="Executing", disable=False) if progress_bar is True else progress_bar  # ours
         pm.execute_notebook(str(notebook), str(executed), parameters=overrides, kernel_name="python3",
-                            progress_bar=progress_bar, cwd=str(notebook.parent), execution_timeout=timeout_s)
+                            progress_bar=bar, cwd=str(notebook.parent), execution_timeout=timeout_s)
     except Exception as err:  # a cell that raised, and also a kernel that died or a cell that timed out
         shutil.rmtree(failed, ignore_errors=True)
         failed.parent.mkdir(parents=True, exist_ok=True)
@@ -125,6 +142,8 @@ def run_notebook(notebook: str | os.PathLike, out_dir: str | os.PathLike | None 
                  else f"{type(err).__name__}: {err}")
         raise NotebookFailed(f"notebook {name} failed {where}\n"
                              f"  the failed run is kept in {failed}; {out_dir} was left as it was") from None
+    finally:
+        _restore(quiet)
 
     effective = declared | overrides
     effective["out_dir"] = str(out_dir)  # where the results live once the run is accepted

@@ -133,3 +133,19 @@ class Report:
         self._metrics.update(values)
         write_json(self.dir / "metrics.json", self._metrics)
         return dict(self._metrics)
+
+
+def formatted(df, intervals: dict[str, tuple[str, str]] | None = None, digits: int = 2):
+    """A table for reading in a rendered notebook: each column of `intervals` shown with its interval as
+    "1.30 [1.09, 1.56]" (its bound columns folded in; "(no interval)" where a bound is missing), other numbers
+    rounded to `digits`, as a pandas Styler, which renders every row and column (no truncation) without the index.
+    The CSV written by `Report.table` keeps the raw columns."""
+    out = df.copy()
+    for col, (lo, hi) in (intervals or {}).items():
+        out[col] = [
+            f"{v:.{digits}f}" + (" (no interval)" if any(b is None or (isinstance(b, float) and math.isnan(b))
+                                                        for b in (a, z)) else f" [{a:.{digits}f}, {z:.{digits}f}]")
+            if isinstance(v, (int, float)) and not (isinstance(v, float) and math.isnan(v)) else ""
+            for v, a, z in zip(df[col], df[lo], df[hi])]
+        out = out.drop(columns=[lo, hi])
+    return out.style.format(precision=digits, na_rep="").hide(axis="index")
