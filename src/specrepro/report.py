@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from . import paths
+from .verdicts import fmt_ci
 
 PACKAGES = ("specrepro", "torch", "transformers", "accelerate", "datasets", "numpy", "scipy", "pandas",
             "seaborn", "matplotlib", "papermill", "gguf")
@@ -142,10 +143,8 @@ def formatted(df, intervals: dict[str, tuple[str, str]] | None = None, digits: i
     The CSV written by `Report.table` keeps the raw columns."""
     out = df.copy()
     for col, (lo, hi) in (intervals or {}).items():
-        out[col] = [
-            f"{v:.{digits}f}" + (" (no interval)" if any(b is None or (isinstance(b, float) and math.isnan(b))
-                                                        for b in (a, z)) else f" [{a:.{digits}f}, {z:.{digits}f}]")
-            if isinstance(v, (int, float)) and not (isinstance(v, float) and math.isnan(v)) else ""
-            for v, a, z in zip(df[col], df[lo], df[hi])]
+        out[col] = [fmt_ci(v, a, z, unit="", digits=digits)
+                    if isinstance(v, (int, float)) and not (isinstance(v, float) and math.isnan(v)) else ""
+                    for v, a, z in zip(df[col], df[lo], df[hi])]
         out = out.drop(columns=[lo, hi])
     return out.style.format(precision=digits, na_rep="").hide(axis="index")

@@ -100,6 +100,15 @@ def _regime(r02, r07):
         "02-arithmetic-ops, 07-regime"
 
 
+def _draft_and_gamma(row, draft: str, gamma):
+    """A Table-1 row's draft and gamma: the row's own where the table names them, else the notebook's parameters."""
+    return getattr(row, "draft", draft), getattr(row, "gamma", gamma)
+
+
+def _draft_07(r07) -> str:
+    return r07["metrics"].get("draft_name", r07.get("parameters", {}).get("draft_name", "prompt-lookup"))
+
+
 def speedup_rows(table1: pd.DataFrame, like_for_like: pd.DataFrame | None = None, *, draft: str = "prompt-lookup",
                  gamma: int | None = None) -> list[verdicts.SpeedupRow]:
     """03's speedups as `verdicts.SpeedupRow`s: the Table-1 analog's speculative rows (each at its fastest kernel;
@@ -110,8 +119,7 @@ def speedup_rows(table1: pd.DataFrame, like_for_like: pd.DataFrame | None = None
         fast = fast[fast.kernels == "fastest"]
     rows = []
     for row in fast.itertuples():
-        name = getattr(row, "draft", draft)
-        g = getattr(row, "gamma", gamma)
+        name, g = _draft_and_gamma(row, draft, gamma)
         rows.append(verdicts.SpeedupRow(row.task, row.decoding, name, models.is_trained(name), row.speedup,
                                         _bound(row.speedup_lo), _bound(row.speedup_hi), int(row.n_prompts),
                                         None if g is None else int(g)))
@@ -129,18 +137,33 @@ def _speedup_rows(r03, r07) -> list[verdicts.SpeedupRow]:
     rows = speedup_rows(r03["table1"], r03.get("like_for_like"), draft=params.get("draft_name", "prompt-lookup"),
                         gamma=params.get("gamma"))
     if r07 is not None:
-        m = r07["metrics"]
-        draft = m.get("draft_name", r07.get("parameters", {}).get("draft_name", "prompt-lookup"))
+        m, draft = r07["metrics"], _draft_07(r07)
         rows.append(verdicts.SpeedupRow("code", "greedy", f"{draft}, 07's fastest configuration",
                                         models.is_trained(draft), m["speedup"], _bound(m["speedup_lo"]),
                                         _bound(m["speedup_hi"]), int(m["n_prompts"]), m.get("gamma")))
     return rows
 
 
+CHEN_ROWS = {  # our (task, decoding) -> the key of Chen et al.'s Table-1 row in claims.json ("table1_<key>_...")
+    ("code", "nucleus"): "humaneval", ("text", "nucleus"): "xsum", ("text", "greedy"): "xsum_greedy"}
+
+
+def _values(paper_claims: dict | None = None) -> dict:
+    return {c["id"]: c["value"] for c in (paper_claims or claims())["claims"]}
+
+
 def paper_speedups(paper_claims: dict | None = None) -> dict[str, float]:
     """Chen et al.'s sampled Table-1 speedups under our task names (code: HumanEval, text: XSum)."""
-    v = {c["id"]: c["value"] for c in (paper_claims or claims())["claims"]}
-    return {"code": v["table1_humaneval_speedup"], "text": v["table1_xsum_speedup"]}
+    v = _values(paper_claims)
+    return {task: v[f"table1_{key}_speedup"] for (task, decoding), key in CHEN_ROWS.items() if decoding == "nucleus"}
+
+
+def paper_quality_moves(paper_claims: dict | None = None) -> dict[tuple[str, str], float]:
+    """Chen et al.'s Table-1 quality, speculative minus autoregressive on their metric, under our (task, decoding)
+    (rows an older claims.json lacks are left out)."""
+    v = _values(paper_claims)
+    return {cell: v[f"table1_{key}_quality"][1] - v[f"table1_{key}_quality"][0] for cell, key in CHEN_ROWS.items()
+            if f"table1_{key}_quality" in v}
 
 
 def _table1(r03, r07):
@@ -150,15 +173,11 @@ def _table1(r03, r07):
     return ours, str(v), "03-latency" + (", 07-regime" if r07 is not None else "")
 
 
-PAPER_QUALITY_MOVES = {  # Chen et al.'s Table 1, speculative minus autoregressive, on their metric
-    ("code", "nucleus"): 0.470 - 0.451, ("code", "greedy"): None,
-    ("text", "nucleus"): 0.114 - 0.112, ("text", "greedy"): 0.156 - 0.157}
-
-
 def _quality_cells(r03) -> list[verdicts.QualityCell]:
     q = r03["quality"]
     level = r03.get("parameters", {}).get("level", 0.05)
     answers = r03.get("quality_answers")
+    moves = paper_quality_moves()
     cells = []
     for row in q[q.primary].itertuples():
         detect = getattr(row, "detectable", None)
@@ -171,7 +190,7 @@ def _quality_cells(r03) -> list[verdicts.QualityCell]:
         cells.append(verdicts.QualityCell(
             row.task, row.decoding, row.metric, int(row.n_prompts), row.autoregressive, row.speculative,
             row.diff_lo, row.diff_hi, row.margin, row.tost_p, level, row.identical,
-            None if detect is None else float(detect), PAPER_QUALITY_MOVES.get((row.task, row.decoding))))
+            None if detect is None else float(detect), moves.get((row.task, row.decoding))))
     return cells
 
 
@@ -289,7 +308,7 @@ def table1_beside_chen(res: dict[str, dict], paper_claims: dict | None = None) -
     draft, like_for_like (sampled with a trained draft, the mode of Chen et al.'s headline rows), quality metric,
     method, quality, ms per token, speedup [95% CI], prompts. Ours: 03's Table-1 analog (each row at its fastest
     kernel) and 07's fastest configuration."""
-    v = {c["id"]: c["value"] for c in (paper_claims or claims())["claims"]}
+    v = _values(paper_claims)
     chen = "Chen et al. 2023 (Chinchilla 70B, TPU, K=4)"
     rows = []
     for task, decoding, metric, key in (("XSum", "nucleus", "ROUGE-2", "xsum"),
@@ -307,8 +326,7 @@ def table1_beside_chen(res: dict[str, dict], paper_claims: dict | None = None) -
         t = res["03-latency"]["table1"]
         params = res["03-latency"].get("parameters", {})
         for row in t[t.kernels == "fastest"].itertuples():
-            draft = getattr(row, "draft", params.get("draft_name", "prompt-lookup"))
-            gamma = getattr(row, "gamma", params.get("gamma", "?"))
+            draft, gamma = _draft_and_gamma(row, params.get("draft_name", "prompt-lookup"), params.get("gamma", "?"))
             rows.append(dict(source=f"ours, 03 (SmolLM2-135M, 2-core CPU, eager, gamma {gamma})", task=row.task,
                              decoding=row.decoding, draft=draft,
                              like_for_like=row.decoding != "greedy" and models.is_trained(draft),
@@ -327,7 +345,7 @@ def table1_beside_chen(res: dict[str, dict], paper_claims: dict | None = None) -
         m = res["07-regime"]["metrics"]
         speed = res["07-regime"]["speed"]
         spec = speed[(speed.method == "speculative") & speed.fastest].iloc[0]
-        draft = m.get("draft_name", "prompt-lookup")
+        draft = _draft_07(res["07-regime"])
         rows.append(dict(source=f"ours, 07 (fastest configuration: {spec.config})", task="code", decoding="greedy",
                          draft=draft, like_for_like=False, method="speculative",
                          ms_per_token=spec.decode_ms_per_token, speedup=m["speedup"], speedup_lo=m["speedup_lo"],

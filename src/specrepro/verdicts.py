@@ -100,11 +100,10 @@ def table1(rows: Sequence[SpeedupRow], paper: Mapping[str, float]) -> Verdict:
     tested like for like: no such row."""
     like = [r for r in rows if r.like_for_like]
     other = [r for r in rows if not r.like_for_like]
-    sides = {id(r): interval_side(r.lo, r.hi) for r in rows}
-    faster = [r for r in like if sides[id(r)] == "above"]
-    slower = [r for r in like if sides[id(r)] == "below"]
+    faster = [r for r in like if interval_side(r.lo, r.hi) == "above"]
+    slower = [r for r in like if interval_side(r.lo, r.hi) == "below"]
     reach = [r for r in like if _num(r.hi) >= paper.get(r.task, math.inf)]
-    other_faster = [r for r in other if sides[id(r)] == "above"]
+    other_faster = [r for r in other if interval_side(r.lo, r.hi) == "above"]
     other_text = (f"; other rows (greedy or a lookup draft): {len(other_faster)} of {len(other)} reliably faster"
                   + (f", best {max(other, key=lambda r: r.speedup).describe()}" if other else "")) if other else ""
     facts = dict(like_for_like=len(like), faster=len(faster), slower=len(slower), reach=len(reach),
