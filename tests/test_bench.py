@@ -1,9 +1,13 @@
 """The benchmark harness: every method decodes the same thing; transformers' assisted generation agrees."""
 
+import os
+import shutil
+
 import pytest
 import torch
 
 from specrepro import autoregressive_generate, bench
+from specrepro.kernels import LINEARS
 from specrepro.tiny import tiny_pair
 
 
@@ -170,20 +174,25 @@ def test_run_bench_runs_every_kernel_on_every_prompt(pair):
 
 @pytest.mark.compiles
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # our compiled path must not fall back to eager unseen
-def test_compiled_configuration_runs_ours_and_transformers_compiled_paths():
-    """COMPILED runs our static-cache path and transformers' static-cache compiled generate(): the same greedy
-    tokens as the eager runs; no forward hooks inside compiled graphs; the speedup baseline is the fastest
-    autoregressive method."""
+@pytest.mark.parametrize("compiled", [bench.COMPILED, bench.COMPILED_FEW_ROWS])
+def test_compiled_configuration_runs_ours_and_transformers_compiled_paths(compiled):
+    """A compiled configuration runs our static-cache path and transformers' static-cache compiled generate(), with
+    its linear kernel: the same greedy tokens as the eager runs; no forward hooks inside compiled graphs; the speedup
+    baseline is the fastest autoregressive method."""
+    if compiled == bench.COMPILED_FEW_ROWS and shutil.which(os.environ.get("CXX", "c++")) is None:
+        pytest.skip("no C++ compiler here: the few-row kernel cannot be built")
     target, draft = tiny_pair(32, seed=4, dtype=torch.float32)
     methods = ("autoregressive", "speculative", bench.HF_AUTOREGRESSIVE, "hf_assisted_fixed")
     prompts = [torch.tensor([[1, 2, 3]]), torch.tensor([[4, 5, 6, 7, 8]])]
     runs = bench.run_bench(target, draft, prompts, gamma=2, max_new_tokens=10, methods=methods,
-                           kernels=("stock", bench.COMPILED), compile_mode="default")
+                           kernels=("stock", compiled), compile_mode="default")
+    assert bench.linear_kernel(compiled) == {bench.COMPILED: "stock", bench.COMPILED_FEW_ROWS: "few_rows"}[compiled]
+    assert type(target.model.layers[0].mlp.up_proj) is LINEARS[bench.linear_kernel(compiled)]  # the last config's
     assert len(runs) == 2 * (len(methods) + len(bench.COMPILED_METHODS))  # no assisted generation compiled
-    assert {r.method for r in runs if r.kernel == bench.COMPILED} == set(bench.COMPILED_METHODS)
+    assert {r.method for r in runs if r.kernel == compiled} == set(bench.COMPILED_METHODS)
     for p in range(2):
         assert len({tuple(r.output) for r in runs if r.prompt == p}) == 1
-    assert all((r.forward_times is None) == (r.kernel == bench.COMPILED) for r in runs)
+    assert all((r.forward_times is None) == (r.kernel == compiled) for r in runs)
     summary = bench.summarize(bench.fastest(runs))
     baseline = min(bench.AUTOREGRESSIVE, key=lambda m: summary[m]["decode_ms_per_token"])
     assert all(s["baseline"] == baseline for s in summary.values()) and summary[baseline]["speedup"] == 1.0

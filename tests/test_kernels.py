@@ -1,11 +1,14 @@
-"""The small-row matmul switch computes the same products and leaves models' outputs unchanged."""
+"""The linear-layer kernels compute the same products and leave models' outputs unchanged."""
+
+import os
+import shutil
 
 import pytest
 import torch
 from torch import nn
 
-from specrepro import autoregressive_generate, speculative_generate
-from specrepro.kernels import SmallRowLinear, use_small_row_matmul
+from specrepro import autoregressive_generate, gemv, speculative_generate
+from specrepro.kernels import KERNELS, LINEARS, FewRowsLinear, SmallRowLinear, use_kernel, use_small_row_matmul
 from specrepro.tiny import tiny_pair
 
 
@@ -38,3 +41,108 @@ def test_switch_keeps_parameters_and_outputs_and_can_be_undone():
                        ref_spec)
     assert use_small_row_matmul(target, enabled=False) == n
     assert not any(isinstance(m, SmallRowLinear) for m in target.modules())
+
+
+# ---- the few-row kernel (specrepro.gemv): compiled on this machine at first use --------------------------------------
+
+HAS_COMPILER = shutil.which(os.environ.get("CXX", "c++")) is not None
+needs_compiler = pytest.mark.skipif(not HAS_COMPILER, reason="no C++ compiler here: the few-row kernel cannot be built")
+
+
+@needs_compiler
+def test_few_rows_builds_where_there_is_a_compiler():
+    assert gemv.available(), gemv.build_error()
+    assert gemv.build_error() is None
+
+
+@needs_compiler
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("in_features", [gemv.LANES * 3, gemv.LANES * 2 + 7, 5])  # a whole number of lanes, a tail
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8])
+def test_few_rows_equals_linear(bias, in_features, rows):
+    torch.manual_seed(rows)
+    lin = nn.Linear(in_features, 37, bias=bias)
+    x = torch.randn(rows, in_features)
+    got = gemv.few_rows(x, lin.weight, lin.bias)
+    assert got.shape == (rows, 37)
+    assert torch.allclose(got, lin(x), atol=1e-5, rtol=1e-5)
+
+
+@needs_compiler
+def test_few_rows_gives_each_row_the_same_bits_alone_or_with_others():
+    torch.manual_seed(0)
+    w, x = torch.randn(50, 3 * gemv.LANES + 3), torch.randn(8, 3 * gemv.LANES + 3)
+    together = gemv.few_rows(x, w)
+    for n in range(8):
+        assert torch.equal(together[n], gemv.few_rows(x[n:n + 1], w)[0])
+    assert torch.equal(gemv.few_rows(x.t().contiguous().t(), w), together)  # a non-contiguous input
+
+
+@needs_compiler
+@pytest.mark.parametrize("shape,dtype", [((1, 1, 24), torch.float32), ((2, 4, 24), torch.float32),
+                                         ((1, 9, 24), torch.float32), ((0, 24), torch.float32),
+                                         ((1, 3, 24), torch.float64)])
+def test_few_rows_linear_takes_the_stock_path_outside_its_range(shape, dtype):
+    torch.manual_seed(0)
+    lin = nn.Linear(24, 40).to(dtype)
+    x = torch.randn(*shape, dtype=dtype)
+    expected = lin(x)
+    lin.__class__ = FewRowsLinear
+    got = lin(x)
+    assert got.shape == expected.shape and got.dtype == dtype
+    rows = x.numel() // 24
+    if dtype != torch.float32 or not 0 < rows <= gemv.MAX_ROWS:
+        assert torch.equal(got, expected)
+    else:
+        assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@needs_compiler
+def test_every_kernel_keeps_the_outputs_and_switches_back():
+    target, draft = tiny_pair(16, seed=2)
+    x = torch.tensor([[1, 5, 3, 9, 2]])
+    ref = speculative_generate(target, draft, x, gamma=3, max_new_tokens=12, temperature=0).sequences
+    n_linear = sum(isinstance(m, nn.Linear) for m in target.modules())
+    for kernel in KERNELS:
+        use_kernel(target, kernel)
+        use_kernel(draft, kernel)
+        assert all(type(m) is LINEARS[kernel] for m in target.modules() if isinstance(m, nn.Linear))
+        assert torch.equal(autoregressive_generate(target, x, max_new_tokens=12, temperature=0).sequences[:, :10],
+                           ref[:, :10])
+        assert torch.equal(speculative_generate(target, draft, x, gamma=3, max_new_tokens=12, temperature=0).sequences,
+                           ref)
+    assert use_kernel(target, "stock") == n_linear
+    assert all(type(m) is nn.Linear for m in target.modules() if isinstance(m, nn.Linear))
+    with pytest.raises(ValueError, match="unknown kernel"):
+        use_kernel(target, "fast")
+
+
+def test_a_machine_that_cannot_build_the_kernel_gets_a_warning_and_the_stock_product(monkeypatch):
+    monkeypatch.setattr(gemv, "_build", lambda: OSError("c++: command not found"))
+    target, _ = tiny_pair(16, seed=2)
+    with pytest.warns(RuntimeWarning, match="could not be built.*c\\+\\+: command not found.*stock"):
+        use_kernel(target, "few_rows")
+    assert all(type(m) is nn.Linear for m in target.modules() if isinstance(m, nn.Linear))
+    with pytest.raises(RuntimeError, match="use the stock kernel"):
+        gemv.few_rows(torch.randn(1, 4), torch.randn(3, 4))
+
+
+@needs_compiler
+@pytest.mark.compiles
+def test_torch_compile_calls_the_few_row_kernel_as_one_operator():
+    torch.manual_seed(0)
+    lin = nn.Linear(3 * gemv.LANES, 24)
+    lin.__class__ = FewRowsLinear
+    x = torch.randn(1, 4, 3 * gemv.LANES)
+    with torch.no_grad():
+        eager = lin(x)
+        graphs = []
+
+        def backend(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        compiled = torch.compile(lin, fullgraph=True, dynamic=False, backend=backend)(x)
+    assert torch.equal(compiled, eager)
+    assert any(node.target is torch.ops.specrepro.few_rows.default for node in graphs[0].graph.nodes)
+    assert lin(x.requires_grad_()).grad_fn is not None  # with a gradient to compute, the stock product

@@ -22,7 +22,7 @@ LAYERS = {
     # 1 the algorithm
     "sampling": 1, "kvcache": 1, "protocol": 1, "compiled": 1, "generate": 1,
     # 2 the models
-    "models": 2, "drafts": 2, "distill": 2, "train": 2, "kernels": 2, "tiny": 2,
+    "models": 2, "drafts": 2, "distill": 2, "train": 2, "kernels": 2, "gemv": 2, "tiny": 2,
     "lens": 2, "ladder": 2, "eagle": 2, "eagle_train": 2,
     # 3 the measurements
     "theory": 3, "flops": 3, "timing": 3, "bench": 3, "walltime": 3, "numerics": 3, "distribution": 3,

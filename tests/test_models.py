@@ -36,3 +36,32 @@ def test_target_loads_offline_and_decodes():
 def test_load_pair_checks_tokenizers():
     with pytest.raises(ValueError, match="name a draft"):
         models.load_pair()
+
+
+@pytest.mark.slow
+@needs_gguf
+def test_the_few_row_kernel_leaves_the_real_targets_greedy_text_unchanged():
+    """The target's decode steps and 4-token verifications through `gemv.few_rows`: the same logits up to float
+    summation order, and the same greedy tokens as the stock product on a code prompt."""
+    import shutil
+
+    import torch
+
+    from specrepro.kernels import use_kernel
+
+    if shutil.which("c++") is None:
+        pytest.skip("no C++ compiler here: the few-row kernel cannot be built")
+    target, tok = models.load_target(), models.load_tokenizer()
+    ids = tok("def fibonacci(n):", return_tensors="pt").input_ids
+    with torch.no_grad():
+        ref_logits = target(ids[:, -4:]).logits
+        ref = speculative_generate(target, PromptLookupDraft(), ids, gamma=3, max_new_tokens=24, temperature=0)
+        use_kernel(target, "few_rows")
+        try:
+            logits = target(ids[:, -4:]).logits
+            got = speculative_generate(target, PromptLookupDraft(), ids, gamma=3, max_new_tokens=24, temperature=0)
+            got_ar = autoregressive_generate(target, ids, max_new_tokens=24, temperature=0)
+        finally:
+            use_kernel(target, "stock")
+    assert (logits - ref_logits).abs().max() < 1e-3
+    assert torch.equal(got.sequences, ref.sequences) and torch.equal(got_ar.sequences, ref.sequences)

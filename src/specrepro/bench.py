@@ -32,18 +32,25 @@ METHODS = ("autoregressive", "speculative", "hf_assisted_fixed", "hf_assisted_de
 HF_AUTOREGRESSIVE = "hf_autoregressive"  # transformers' plain generate(), a baseline beside ours
 AUTOREGRESSIVE = ("autoregressive", HF_AUTOREGRESSIVE)  # the speedup baseline is the fastest of these that ran
 COMPILED = "compiled"  # the configuration that runs the compiled static-cache paths (ours and transformers')
-CONFIGS = (*KERNELS, COMPILED)
+COMPILED_FEW_ROWS = "compiled_few_rows"  # the same, with the few-row kernel in the linear layers
+COMPILED_KERNEL = {COMPILED: "stock", COMPILED_FEW_ROWS: "few_rows"}  # compiled configurations: their linear kernel
+CONFIGS = (*KERNELS, *COMPILED_KERNEL)
 COMPILED_METHODS = ("autoregressive", "speculative", HF_AUTOREGRESSIVE)  # the methods COMPILED runs (see run_bench)
 
 
+def is_compiled(config: str) -> bool:
+    """Whether a configuration of `CONFIGS` runs the compiled static-cache paths."""
+    return config in COMPILED_KERNEL
+
+
 def linear_kernel(config: str) -> str:
-    """The `kernels.KERNELS` entry a configuration runs the linear layers with: COMPILED compiles the stock ones."""
-    return "stock" if config == COMPILED else config
+    """The `kernels.KERNELS` entry a configuration runs the linear layers with (COMPILED compiles the stock ones)."""
+    return COMPILED_KERNEL.get(config, config)
 
 
 def runs_in(config: str, method: str) -> bool:
-    """Whether `run_bench` runs `method` in `config` (COMPILED runs `COMPILED_METHODS` only)."""
-    return config != COMPILED or method in COMPILED_METHODS
+    """Whether `run_bench` runs `method` in `config` (a compiled one runs `COMPILED_METHODS` only)."""
+    return not is_compiled(config) or method in COMPILED_METHODS
 
 
 def hf_generate(target, input_ids, *, max_new_tokens: int, temperature: float = 0.0, top_k=None, top_p=None,
@@ -189,19 +196,19 @@ def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new
 
     `kernels`: configurations from `CONFIGS`; each prompt is then run with every one in turn, so that each method
     can be compared at its fastest configuration, side by side (`fastest`). A `kernels.KERNELS` name switches the
-    linear layers of the target and of a model draft; `COMPILED` runs the stock layers through the compiled
-    static-cache paths in `compile_mode`: ours (`compile=`) and transformers' plain generate() (`hf_generate(
-    compile=)`), all on one static cache size that fits every prompt, so that each graph compiles once (in the
-    warm-up, or in the first round when `warmup` is off). transformers' assisted generation is left out of it: its
-    verification width changes from iteration to iteration and each width is a new graph under dynamic=False, so
-    its runs would time compilations; it runs in the other configurations. The models are left with the last
-    kernel."""
+    linear layers of the target and of a model draft; `COMPILED` (`COMPILED_FEW_ROWS`) runs the stock (few-row)
+    layers through the compiled static-cache paths in `compile_mode`: ours (`compile=`) and transformers' plain
+    generate() (`hf_generate(compile=)`), all on one static cache size that fits every prompt, so that each graph
+    compiles once (in the warm-up, or in the first round when `warmup` is off). transformers' assisted generation is
+    left out of it: its verification width changes from iteration to iteration and each width is a new graph under
+    dynamic=False, so its runs would time compilations; it runs in the other configurations. The models are left
+    with the last kernel."""
     sample = dict(temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos_token_id)
     slots = slots_needed(max(p.shape[1] for p in prompts), max_new_tokens, max(gamma, 10) + 1)
     compile_cfg = CompileConfig(compile_mode, slots)
 
     def call(method, ids, n, g, config):
-        c = compile_cfg if config == COMPILED else None
+        c = compile_cfg if is_compiled(config) else None
         if method == "autoregressive":
             return autoregressive_generate(target, ids, max_new_tokens=n, generator=g, compile=c or False, **sample)
         if method == "speculative":
@@ -238,7 +245,7 @@ def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new
                                                                          torch.Generator().manual_seed(seed + i), k),
                                 device)
                 # a hook inside a compiled forward would change its graph: the compiled runs log no forwards
-                with forward_log(target, device) if kernel != COMPILED else contextlib.nullcontext() as log:
+                with forward_log(target, device) if not is_compiled(kernel) else contextlib.nullcontext() as log:
                     secs, out = timed(lambda m=m, ids=ids, i=i, k=kernel: call(
                         m, ids, max_new_tokens, torch.Generator().manual_seed(seed + i), k), device)
                 seq = out.sequences if hasattr(out, "sequences") else out
@@ -396,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [encode_prompt(tok, args.task, ex) for ex in eval_prompts(args.task, args.prompts)]
     hf_ok = not args.no_hf and hf_supports(draft)
     methods = (*METHODS[:2], HF_AUTOREGRESSIVE, *METHODS[2:]) if hf_ok else METHODS[:2]
-    configs = (*args.kernels, COMPILED) if args.compile else tuple(args.kernels)
+    compiled = [COMPILED] + ([COMPILED_FEW_ROWS] if "few_rows" in args.kernels else [])
+    configs = (*args.kernels, *compiled) if args.compile else tuple(args.kernels)
     runs = run_bench(target, draft, prompts, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                      eos_token_id=tok.eos_token_id, repeats=args.repeats, methods=methods, device=args.device,
@@ -409,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     spec_kernel = next(r.kernel for r in runs if r.method == "speculative")
     use_kernel(target, linear_kernel(spec_kernel))  # the costs timed apart, below, with the speculative runs'
     use_kernel(draft, linear_kernel(spec_kernel))  # configuration
-    compile_apart = CompileConfig(args.compile) if spec_kernel == COMPILED else False
+    compile_apart = CompileConfig(args.compile) if is_compiled(spec_kernel) else False
     alpha = pooled_alpha(r.stats for r in runs if r.method == "speculative")
     ctx = int(statistics.mean(p.shape[1] for p in prompts)) + args.max_new_tokens // 2
     verify = walltime.verify_ms(target, ctx, args.gamma, device=args.device, compile=compile_apart)

@@ -1,16 +1,23 @@
-"""A CPU fix for verification forwards: matmuls with a few rows, computed as (W x^T)^T.
+"""The linear-layer kernels a model can run with: products of a few rows (decode steps, verifications), made fast.
 
 Speculative decoding pays off when a verification forward of gamma+1 tokens costs about one decode step, which holds
-when decoding is memory-bound: the weights are read once whatever the number of rows. On the CPU this package was
-built on (2-core AMD EPYC, torch 2.13 CPU wheel), `F.linear` with 2-3 rows instead took 2-3x the time of one row,
-as if it read the weights once per row, and a 3-token forward of the target cost ~2 decode steps (03-latency,
-section 0, measures this on the machine it runs on). Multiplying the other way round, W @ x^T (the rows become
-the columns of a skinny right-hand side), reads the weights once; for one row it costs the same as `F.linear`.
+when decoding is memory-bound: the weights are read once whatever the number of rows. The torch 2.13 CPU wheel does
+not run these products that way. On the CPUs this package was built on (2-core AMD EPYC and Intel hosts), one row
+through `F.linear` reads the weights at 11-15 GB/s against a copy at ~39 GB/s, and 2-3 rows took 2-3x the time of one
+row, as if the weights were read once per row (03-latency section 0 and 07-regime section 1 measure this on the
+machine they run on). Three kernels, switched per model with `use_kernel`, so that every method can be timed with
+each and compared at its fastest:
 
-`use_small_row_matmul(model)` switches every `nn.Linear` of a model to that formulation for inputs of at most
-`max_rows` rows on the CPU (other inputs, and every other device, take the stock path). The result is the same
-product, up to float summation order. It changes a model's speed, not its outputs' distribution, and applies to
-everything that runs the model (our loops and transformers' `generate` alike), so comparisons stay like-for-like.
+- "stock": `nn.Linear`, torch's product (MKL or oneDNN on the CPU; cuBLAS on a GPU).
+- "small_row": `SmallRowLinear`, inputs of at most `max_rows` rows computed the other way round, (W @ x^T)^T: the
+  rows become the columns of a skinny right-hand side and MKL's GEMM reads the weights once for them.
+- "few_rows": `FewRowsLinear`, float32 inputs of at most `gemv.MAX_ROWS` rows through this package's own CPU kernel
+  (`specrepro.gemv`): each weight row read once for all the rows, near the memory's speed; built with the machine's
+  C++ compiler at first use. Where it cannot be built, `use_kernel` warns and keeps the stock layers.
+
+Every kernel computes the same product up to float summation order: it changes a model's speed, not its outputs'
+distribution, and applies to everything that runs the model (our loops and transformers' `generate` alike), so
+comparisons stay like-for-like. Other inputs (more rows, other dtypes, other devices) take the stock path.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from . import gemv
 
 
 class SmallRowLinear(nn.Linear):
@@ -47,13 +56,41 @@ def use_small_row_matmul(model: nn.Module, enabled: bool = True) -> int:
     return switched
 
 
-KERNELS = ("stock", "small_row")  # what `use_kernel` can switch a model's linear layers to
+class FewRowsLinear(nn.Linear):
+    """`nn.Linear` that computes float32 inputs of at most `gemv.MAX_ROWS` rows on the CPU with `gemv.few_rows`
+    (each weight read once for all rows, near the memory's speed); other inputs, and anything that needs a gradient
+    (training), take the stock path."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // max(1, x.shape[-1])
+        grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)  # no backward of its own
+        if grad or x.device.type != "cpu" or x.dtype != torch.float32 or self.weight.dtype != torch.float32 \
+                or not 0 < rows <= gemv.MAX_ROWS:
+            return F.linear(x, self.weight, self.bias)
+        y = gemv.few_rows(x.reshape(rows, x.shape[-1]), self.weight, self.bias)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+LINEARS = {"stock": nn.Linear, "small_row": SmallRowLinear, "few_rows": FewRowsLinear}
+KERNELS = tuple(LINEARS)  # what `use_kernel` can switch a model's linear layers to
 
 
 def use_kernel(model: nn.Module, name: str) -> int:
-    """Switch `model`'s linear layers to the kernel `name` of `KERNELS`: "stock" (`nn.Linear`) or "small_row"
-    (`SmallRowLinear`). Returns the number of layers switched; a draft that is not a module (prompt lookup) has none.
-    """
+    """Switch `model`'s linear layers to the kernel `name` of `KERNELS`: "stock" (`nn.Linear`), "small_row"
+    (`SmallRowLinear`) or "few_rows" (`FewRowsLinear`; where its operator cannot be built here, a warning says why and
+    the layers take the stock path). Returns the number of layers switched; a draft that is not a module (prompt
+    lookup) has none."""
     if name not in KERNELS:
         raise ValueError(f"unknown kernel {name!r}; choose from {KERNELS}")
-    return use_small_row_matmul(model, enabled=name == "small_row") if isinstance(model, nn.Module) else 0
+    if not isinstance(model, nn.Module):
+        return 0
+    if name == "few_rows" and not gemv.available():
+        gemv.warn_unavailable()
+        name = "stock"
+    cls, kinds = LINEARS[name], tuple(LINEARS.values())
+    switched = 0
+    for module in model.modules():
+        if type(module) in kinds and type(module) is not cls:
+            module.__class__ = cls
+            switched += 1
+    return switched

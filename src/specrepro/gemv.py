@@ -1,0 +1,201 @@
+"""A float32 product for a few rows that reads the weights once, at the memory's speed: y = x W^T for x of 1..8 rows.
+
+Batch-1 decoding and the verification of gamma + 1 tokens multiply a few rows by every weight matrix. On the CPUs
+this package was built on, the torch 2.13 wheel runs these products far below the memory floor: one row through
+`F.linear` (MKL's GEMV) reads the weights at 11-15 GB/s where a copy runs at ~39 GB/s, and 2-8 rows through MKL's
+GEMM vary from 5 to 37 GB/s with the row count and the shape (measured per shape on a 2-core AMD EPYC, Zen 4).
+llama.cpp's own F32 kernel reaches 1.07x the floor on the same machine. The product itself is simple: each weight
+row is read once and meets every input row while it is in registers, so k rows cost about what one row costs until
+the arithmetic, k multiply-adds per weight, catches up with the memory (the machine's ridge, 07-regime section 1b).
+
+This module compiles that loop once per machine (`torch.utils.cpp_extension.load_inline`, about a minute, cached on
+disk under the extension's name, which carries a hash of the source and of the CPU's instruction-set flags, so
+another host rebuilds) and registers it as the operator `specrepro::few_rows`, with a shape function, so that
+`torch.compile` calls it as an opaque kernel. It takes R weight rows at a time (as many as keep R x N vectors of
+partial sums in registers: 16 vectors with AVX-512, 4 with AVX2), so that each load of x serves R rows. The sum over
+each weight row is split into `LANES` partial sums added in a fixed order: the result is deterministic, equal to
+`F.linear` up to float summation order, and the same for a row whatever the other rows are (the batched-equality
+tests rely on that).
+
+`available()` says whether the operator could be built here (a C++ compiler with OpenMP); `kernels.use_kernel(model,
+"few_rows")` routes a model's linear layers through it, and falls back to the stock product, with a warning naming
+the compiler error, where it cannot be built.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import warnings
+
+import torch
+
+MAX_ROWS = 8  # inputs of more rows take the stock path (a GEMM with enough rows is compute-bound anyway)
+LANES = 16  # partial sums per output, added in a fixed order (one AVX-512 register, two AVX2 ones)
+
+SOURCE = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+// Accumulators (vectors of 16 floats) kept in registers: R weight rows x N input rows of them. AVX-512 has 32
+// registers of 16 floats, AVX2 16 of 8 (a vector of 16 floats takes two).
+#ifdef __AVX512F__
+constexpr int ACCS = 16;
+#else
+constexpr int ACCS = 4;
+#endif
+
+// y[n, o] = sum_i x[n, i] * w[o, i] (+ b[o]) for N rows of x. Each weight is read once for all N rows, R weight
+// rows at a time (so that each load of x serves R rows). Every output is the same sum in the same order, 16 partial
+// sums over i = l mod 16 added in lane order, then the tail, whatever N and R are: a row's result does not depend on
+// the other rows. The partial sums are GCC vectors of 16 floats (one AVX-512 register, two AVX2 ones).
+typedef float v16 __attribute__((vector_size(64)));
+
+static inline v16 load16(const float* p) {
+  v16 v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+template <int N, int R>
+static inline void block(const float* __restrict w, const float* __restrict x, const float* __restrict b,
+                         float* __restrict y, int64_t o, int64_t out, int64_t in) {
+  const int64_t body = in - in % 16;
+  v16 acc[R][N];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int n = 0; n < N; ++n) acc[r][n] = v16{};
+  for (int64_t i = 0; i < body; i += 16) {
+    v16 xv[N];
+#pragma GCC unroll 8
+    for (int n = 0; n < N; ++n) xv[n] = load16(x + n * in + i);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const v16 wv = load16(w + (o + r) * in + i);
+#pragma GCC unroll 8
+      for (int n = 0; n < N; ++n) acc[r][n] += wv * xv[n];
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const float* wr = w + (o + r) * in;
+    for (int n = 0; n < N; ++n) {
+      float s = 0.f;
+      for (int l = 0; l < 16; ++l) s += acc[r][n][l];
+      for (int64_t i = body; i < in; ++i) s += wr[i] * x[n * in + i];
+      y[n * out + o + r] = b ? s + b[o + r] : s;
+    }
+  }
+}
+
+template <int N>
+static void few_rows_kernel(const float* __restrict w, const float* __restrict x, const float* __restrict b,
+                            float* __restrict y, int64_t out, int64_t in) {
+  constexpr int R = ACCS / N < 1 ? 1 : ACCS / N > 8 ? 8 : ACCS / N;  // weight rows per step
+  at::parallel_for(0, (out + R - 1) / R, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      const int64_t o = k * R;
+      if (o + R <= out) {
+        block<N, R>(w, x, b, y, o, out, in);
+      } else {
+        for (int64_t p = o; p < out; ++p) block<N, 1>(w, x, b, y, p, out, in);
+      }
+    }
+  });
+}
+
+torch::Tensor few_rows(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && w.dtype() == torch::kFloat32, "few_rows: float32 only");
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "few_rows: x (N, in), w (out, in)");
+  TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= 8, "few_rows: 1 to 8 rows");
+  auto xc = x.contiguous();
+  auto wc = w.contiguous();
+  torch::Tensor bc;
+  if (bias.has_value()) bc = bias->contiguous();
+  const float* bp = bias.has_value() ? bc.data_ptr<float>() : nullptr;
+  const int64_t out = wc.size(0), in = wc.size(1);
+  auto y = torch::empty({xc.size(0), out}, xc.options());
+  const float *wp = wc.data_ptr<float>(), *xp = xc.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  switch (xc.size(0)) {
+    case 1: few_rows_kernel<1>(wp, xp, bp, yp, out, in); break;
+    case 2: few_rows_kernel<2>(wp, xp, bp, yp, out, in); break;
+    case 3: few_rows_kernel<3>(wp, xp, bp, yp, out, in); break;
+    case 4: few_rows_kernel<4>(wp, xp, bp, yp, out, in); break;
+    case 5: few_rows_kernel<5>(wp, xp, bp, yp, out, in); break;
+    case 6: few_rows_kernel<6>(wp, xp, bp, yp, out, in); break;
+    case 7: few_rows_kernel<7>(wp, xp, bp, yp, out, in); break;
+    default: few_rows_kernel<8>(wp, xp, bp, yp, out, in); break;
+  }
+  return y;
+}
+"""
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def extension_name() -> str:
+    """The extension's name: a hash of the source, the flags it is compiled with and the host's CPU flags
+    (`-march=native` makes the binary specific to the host that built it)."""
+    text = SOURCE + " ".join(_CFLAGS) + _cpu_flags() + torch.__version__
+    return "specrepro_few_rows_" + hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+_CFLAGS = ("-O3", "-march=native", "-fopenmp")
+
+
+@functools.cache
+def _build():
+    """Compile and load the extension (cached on disk by torch; about a minute the first time on a machine).
+    Returns the module, or the exception that stopped the build."""
+    from torch.utils import cpp_extension
+
+    try:
+        return cpp_extension.load_inline(name=extension_name(), cpp_sources=SOURCE,
+                                         functions=["few_rows"], extra_cflags=list(_CFLAGS),
+                                         extra_ldflags=["-fopenmp"], verbose=False)
+    except Exception as err:  # no compiler, no OpenMP, a header mismatch: the caller falls back to F.linear
+        return err
+
+
+def available() -> bool:
+    """Whether the operator is built (building it if needed) on this machine."""
+    return not isinstance(_build(), Exception)
+
+
+def build_error() -> str | None:
+    """Why the operator could not be built here, or None."""
+    built = _build()
+    return f"{type(built).__name__}: {str(built).strip().splitlines()[-1] if str(built).strip() else ''}" \
+        if isinstance(built, Exception) else None
+
+
+@torch.library.custom_op("specrepro::few_rows", mutates_args=())
+def few_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (N, in) float32, N in 1..`MAX_ROWS`, weight (out, in), bias (out,) or None -> (N, out) on the CPU."""
+    built = _build()
+    if isinstance(built, Exception):
+        raise RuntimeError(f"the few-row kernel could not be built here ({build_error()}); use the stock kernel")
+    return built.few_rows(x, weight, bias)
+
+
+@few_rows.register_fake
+def _(x, weight, bias=None):
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+def warn_unavailable() -> None:
+    warnings.warn(f"the few-row kernel could not be built on this machine ({build_error()}); the linear layers "
+                  "keep the stock product. It needs a C++ compiler with OpenMP (e.g. apt install g++).",
+                  RuntimeWarning, stacklevel=3)
