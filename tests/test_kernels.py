@@ -8,7 +8,16 @@ import torch
 from torch import nn
 
 from specrepro import autoregressive_generate, gemv, speculative_generate
-from specrepro.kernels import KERNELS, LINEARS, FewRowsLinear, SmallRowLinear, use_kernel, use_small_row_matmul
+from specrepro.kernels import (
+    ALIGN,
+    KERNELS,
+    LINEARS,
+    FewRowsLinear,
+    SmallRowLinear,
+    usable,
+    use_kernel,
+    use_small_row_matmul,
+)
 from specrepro.tiny import tiny_pair
 
 
@@ -146,3 +155,29 @@ def test_torch_compile_calls_the_few_row_kernel_as_one_operator():
     assert torch.equal(compiled, eager)
     assert any(node.target is torch.ops.specrepro.few_rows.default for node in graphs[0].graph.nodes)
     assert lin(x.requires_grad_()).grad_fn is not None  # with a gradient to compute, the stock product
+
+
+def test_usable_drops_the_few_row_configurations_where_the_kernel_cannot_be_built(monkeypatch):
+    names = ["stock", "few_rows", "compiled", "compiled_few_rows"]
+    if HAS_COMPILER:
+        assert usable(names) == names
+    monkeypatch.setattr(gemv, "_build", lambda: OSError("no compiler"))
+    with pytest.warns(RuntimeWarning, match="no compiler"):
+        assert usable(names) == ["stock", "compiled"]
+
+
+@needs_compiler
+def test_few_rows_moves_weights_to_aligned_memory_keeping_values_and_ties():
+    target, _ = tiny_pair(16, seed=2)
+    target.lm_head.weight = target.model.embed_tokens.weight  # tied, as in SmolLM2
+    buffer = torch.zeros(target.lm_head.weight.numel() + 1)
+    with torch.no_grad():  # a view at an offset of 4 bytes: what a weight loaded from a file can be
+        view = buffer[1:].view_as(target.lm_head.weight)
+        view.copy_(target.lm_head.weight)
+        target.lm_head.weight.data = view
+    before = target.lm_head.weight.detach().clone()
+    assert target.lm_head.weight.data_ptr() % ALIGN
+    use_kernel(target, "few_rows")
+    assert all(m.weight.data_ptr() % ALIGN == 0 for m in target.modules() if isinstance(m, nn.Linear))
+    assert torch.equal(target.lm_head.weight, before)
+    assert target.lm_head.weight is target.model.embed_tokens.weight

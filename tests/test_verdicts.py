@@ -137,3 +137,15 @@ def test_ladder_setting_tests_the_calibrations_choice():
     assert v2["predicted_is_measured"] and v2["runner_up"] == "lens-2"
     verdict = V.draft_size({"a": v, "b": v2}, [True, True], sizes)
     assert verdict.facts["predicted_is_measured"] == 1 and "agreed on the winner in 1 of 2" in verdict.reason
+
+
+def test_regime():
+    x, v = {"eager": 3.4, "compiled": 2.9, "compiled few_rows": 1.25}, {"eager": 1.6, "compiled few_rows": 1.1}
+    r = V.regime(x, v)
+    assert r.label == "reproduces" and r.facts["regime"] == "compiled few_rows" and "within 1.3x" in r.reason
+    r = V.regime(x, {"compiled few_rows": 1.5})  # the verification is not free: contrary
+    assert r.label == "partly" and "not free" in r.reason
+    r = V.regime({"eager": 3.4, "compiled": 2.9}, {"compiled": 1.6})  # far from the floor and not free
+    assert r.label == "does not reproduce" and r.facts["regime"] == "compiled" and "beyond 1.3x" in r.reason
+    assert V.regime({"eager": 3.4}, {"eager": 1.0}).label == "partly"  # free only because the step is overhead
+    assert V.regime({}, {}).label == "not testable"

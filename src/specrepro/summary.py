@@ -89,15 +89,10 @@ def _regime(r02, r07):
     m = r07["metrics"]
     x = m["decode_step_x_floor"]
     steps = m["verify_steps"]
-    ours += (f"; {x['eager']:.2f}x the floor eager, {x['compiled']:.2f}x compiled; a 4-token verification costs "
-             f"{steps.get('compiled_4', float('nan')):.2f} compiled steps, {steps.get('eager_4', float('nan')):.2f} "
-             "eager (07)")
-    verify = steps.get("compiled_4", float("nan"))
-    near, free = x["compiled"] <= 2, verify <= 1.2
-    return ours, (f"{'partly' if near != free else 'yes' if near else 'no'}: the compiled decode step is "
-                  f"{'within' if near else 'beyond'} 2x of the memory floor ({x['compiled']:.2f}x), and a 4-token "
-                  f"verification {'costs about one step' if free else 'is not free'} ({verify:.2f} steps)"), \
-        "02-arithmetic-ops, 07-regime"
+    v = verdicts.regime(x, {r: steps.get(f"{r}_4") for r in x})
+    eager_4 = steps.get("eager_4")
+    ours += f"; {v.reason} (eager: {float('nan') if eager_4 is None else eager_4:.2f} steps) (07)"
+    return ours, v.label, "02-arithmetic-ops, 07-regime"
 
 
 def _draft_and_gamma(row, draft: str, gamma):

@@ -317,3 +317,27 @@ def draft_size(settings: Mapping[str, dict], alpha_rises: Iterable[bool], sizes:
     if smallest == n and reliable == n:
         return Verdict("reproduces", reason, facts)
     return Verdict("partly" if smallest else "does not reproduce", reason, facts)
+
+
+def regime(step_x_floor: Mapping[str, float], verify_steps: Mapping[str, float], *, near: float = 1.3,
+           free: float = 1.2, tokens: int = 4) -> Verdict:
+    """Leviathan et al. Sec. 3.5, Chen et al. Sec. 1: batch-1 decoding is memory-bound, so a verification of a few
+    tokens costs about one decode step. `step_x_floor`: each regime's decode step as a multiple of the memory floor;
+    `verify_steps`: its forward of `tokens` tokens in decode steps. Judged on the regime with the fastest step.
+
+    reproduces: that step is within `near` x the floor and the verification within `free` steps; partly: one of
+    the two; does not reproduce: neither (the claim is then untested in its regime: the step is mostly not reads)."""
+    known = {r: _num(x) for r, x in step_x_floor.items() if not math.isnan(_num(x))}
+    if not known:
+        return Verdict("not testable", "no decode step was measured against the memory floor")
+    best = min(known, key=known.get)
+    x, v = known[best], _num(verify_steps.get(best))
+    is_near, is_free = x <= near, v <= free
+    others = ", ".join(f"{r} {known[r]:.2f}x" for r in known if r != best)
+    reason = (f"the fastest decode step ({best}) is {x:.2f}x the memory floor, {'within' if is_near else 'beyond'} "
+              f"{near}x{f' ({others})' if others else ''}; a {tokens}-token verification there costs {v:.2f} steps, "
+              f"{'about one step' if is_free else 'not free'} (at most {free})")
+    facts = dict(regime=best, x_floor=x, verify_steps=v, near=is_near, free=is_free)
+    if is_near and is_free:
+        return Verdict("reproduces", reason, facts)
+    return Verdict("partly" if is_near or is_free else "does not reproduce", reason, facts)
