@@ -62,3 +62,24 @@ def test_forward_ms_is_a_roofline_with_a_fixed_cost():
     kw = dict(overhead_ms=5.0, bytes_read=1e9, bandwidth=50e9, flops_per_token=1e9, peak_flops=200e9)
     # memory time 20 ms; compute 5 ms per token: flat up to the ridge at 4 tokens, then linear
     assert [forward_ms(k, **kw) for k in (1, 4, 8)] == pytest.approx([25.0, 25.0, 45.0])
+
+
+def test_linear_bandwidth_times_every_kernel_on_the_distinct_weights_and_restores_the_kernel():
+    import shutil
+
+    from torch import nn
+
+    from specrepro.kernels import SmallRowLinear, use_kernel
+    from specrepro.timing import linear_bandwidth
+    from specrepro.tiny import tiny_pair
+
+    target, _ = tiny_pair(16, seed=2)
+    target.lm_head.weight = target.model.embed_tokens.weight  # tied: read once per pass
+    use_kernel(target, "small_row")
+    kernels = ("stock", "few_rows") if shutil.which("c++") else ("stock", "small_row")
+    rows = linear_bandwidth(target, kernels, rows=(1, 3), rounds=1, repeats=2)
+    assert [(r["kernel"], r["rows"]) for r in rows] == [(k, n) for k in kernels for n in (1, 3)]
+    distinct = {m.weight.data_ptr(): m.weight.numel() * m.weight.element_size() for m in target.modules()
+                if isinstance(m, nn.Linear)}
+    assert all(r["bytes"] == sum(distinct.values()) and r["ms"] > 0 and r["gb_per_s"] > 0 for r in rows)
+    assert all(type(m) is SmallRowLinear for m in target.modules() if isinstance(m, nn.Linear))

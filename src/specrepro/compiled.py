@@ -13,8 +13,12 @@ memory-bound only once the per-step overhead is gone, and most of that overhead 
 - rolling back moves the fill level (`StaticCache.crop`), nothing is copied; the padding of a short block is rolled
   back the same way right after its forward, so the cache never holds a token of it.
 
-On the CPU the fastest mode we found is inductor's max-autotune with freezing (the weights become constants, which
-lets inductor use its own few-row GEMM instead of MKL's; 07-regime measures how close it comes to the memory floor):
+On the CPU, compilation alone does not reach the floor: with torch's own product the linear layers stay far below
+the memory's speed (`specrepro.kernels`). With this package's few-row kernel (`kernels.use_kernel(model,
+"few_rows")`) each linear layer is one opaque operator and compilation removes most of the remaining per-op
+overhead; 07-regime section 1 times every kernel eagerly and compiled against the memory floor on the machine it runs
+on. For torch's product the fastest mode we found is max-autotune with freezing (the weights become constants, which
+lets inductor use its own few-row GEMM instead of MKL's):
 compiling one graph takes from under a minute to about three minutes on 2 cores (inductor keeps its autotuning
 results on disk, so a later process compiles faster). `mode="default"` compiles in about a minute and `mode="eager"`
 runs the same static-cache bookkeeping uncompiled (tests, debugging, and the fallback where compilation fails).

@@ -160,3 +160,54 @@ def overhead_fit(bytes_read, step_ms) -> dict:
     r2 = 1 - float(np.sum((y - (intercept + slope * x)) ** 2)) / max(float(np.sum((y - y.mean()) ** 2)), 1e-300)
     return dict(overhead_ms=float(intercept), bandwidth=float(1e3 / slope) if slope > 0 else float("inf"),
                 ms_per_gb=float(slope * 1e9), r2=r2, n_models=int(x.size))
+
+
+def linear_bandwidth(model, kernels=None, rows=(1, 2, 4, 8), *, rounds: int = 3, repeats: int = 5,
+                     device=None) -> list[dict]:
+    """How fast each linear-layer kernel of `specrepro.kernels` reads `model`'s weights: one pass over every
+    distinct linear layer of the model (a tied weight counted once) with an input of r rows, for each r of `rows`,
+    kernels interleaved in each of `rounds` rounds. Returns one dict per kernel and row count: `ms` (the median
+    pass), `bytes` (the weights read) and `gb_per_s`; compare with `memory_bandwidth()` taken beside it. The model is
+    left with the kernel it had."""
+    from .kernels import KERNELS, LINEARS, use_kernel
+
+    kernels = tuple(kernels or KERNELS)
+    layers, seen = [], set()
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear) and m.weight.data_ptr() not in seen:
+            seen.add(m.weight.data_ptr())
+            layers.append(m)
+    if not layers:
+        raise ValueError("the model has no linear layers")
+    before = next(k for k, cls in LINEARS.items() if type(layers[0]) is cls)
+    weight_bytes = sum(m.weight.numel() * m.weight.element_size() for m in layers)
+    samples: dict[tuple[str, int], list[float]] = {(k, r): [] for k in kernels for r in rows}
+    with torch.no_grad():
+        inputs = {r: {m.in_features: torch.randn(r, m.in_features, device=m.weight.device, dtype=m.weight.dtype)
+                      for m in layers} for r in rows}
+        for _ in range(rounds):
+            for k in kernels:
+                use_kernel(model, k)
+                for r in rows:
+                    def one_pass(r=r):
+                        for m in layers:
+                            m(inputs[r][m.in_features])
+                    one_pass()  # warm-up (and, the first time, the kernel's build)
+                    samples[k, r] += [timed(one_pass, device)[0] for _ in range(repeats)]
+    use_kernel(model, before)
+    out = []
+    for (k, r), secs in samples.items():
+        ms = 1e3 * statistics.median(secs)
+        out.append(dict(kernel=k, rows=r, ms=ms, bytes=weight_bytes, gb_per_s=weight_bytes / ms / 1e6))
+    return out
+
+
+if __name__ == "__main__":  # python -m specrepro.timing: the kernels' read speed on the target, beside a copy's
+    import pandas as pd
+
+    from .models import load_target
+
+    rows = linear_bandwidth(load_target())
+    print(pd.DataFrame(rows).pivot(index="rows", columns="kernel", values="gb_per_s").round(1).to_string())
+    print(f"reading a 1 GiB buffer (memory_bandwidth): {memory_bandwidth() / 1e9:.1f} GB/s; "
+          f"{torch.get_num_threads()} threads")
