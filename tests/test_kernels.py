@@ -181,3 +181,18 @@ def test_few_rows_moves_weights_to_aligned_memory_keeping_values_and_ties():
     assert all(m.weight.data_ptr() % ALIGN == 0 for m in target.modules() if isinstance(m, nn.Linear))
     assert torch.equal(target.lm_head.weight, before)
     assert target.lm_head.weight is target.model.embed_tokens.weight
+
+
+@needs_compiler
+@pytest.mark.skipif("avx2" not in gemv._cpu_flags().split(), reason="not an x86 machine with AVX2")
+def test_the_avx2_build_is_correct_too():
+    """Development machines differ (AVX2 only, AVX-512): the AVX2 code path (8-float vectors, other register
+    budget) built and checked here whatever this machine has."""
+    avx2 = gemv.build_for("x86-64-v3")
+    torch.manual_seed(0)
+    for rows in range(1, 9):
+        for in_features in (16, 8 * 5 + 3, 5):
+            w, b, x = torch.randn(37, in_features), torch.randn(37), torch.randn(rows, in_features)
+            y = avx2.few_rows(x, w, b)
+            assert torch.allclose(y, torch.nn.functional.linear(x, w, b), atol=1e-5, rtol=1e-5)
+            assert all(torch.equal(y[n], avx2.few_rows(x[n:n + 1], w, b)[0]) for n in range(rows))
