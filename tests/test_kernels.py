@@ -196,3 +196,12 @@ def test_the_avx2_build_is_correct_too():
             y = avx2.few_rows(x, w, b)
             assert torch.allclose(y, torch.nn.functional.linear(x, w, b), atol=1e-5, rtol=1e-5)
             assert all(torch.equal(y[n], avx2.few_rows(x[n:n + 1], w, b)[0]) for n in range(rows))
+
+
+@needs_compiler
+def test_few_rows_refuses_what_it_cannot_compute_with_a_clear_error():
+    w = torch.randn(6, 16)
+    for x, bias, match in ((torch.randn(9, 16), None, "1 to 8 rows"), (torch.randn(2, 16).double(), None, "float32"),
+                           (torch.randn(2, 15), None, r"x \(N, in\)"), (torch.randn(2, 16), torch.randn(5), "bias")):
+        with pytest.raises(RuntimeError, match=match):
+            gemv.few_rows(x, w, bias)

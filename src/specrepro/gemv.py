@@ -114,7 +114,10 @@ static void few_rows_kernel(const float* __restrict w, const float* __restrict x
 }
 
 torch::Tensor few_rows(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "few_rows: CPU tensors only");
   TORCH_CHECK(x.dtype() == torch::kFloat32 && w.dtype() == torch::kFloat32, "few_rows: float32 only");
+  TORCH_CHECK(!bias.has_value() || (bias->device().is_cpu() && bias->dtype() == torch::kFloat32 &&
+              bias->numel() == w.size(0)), "few_rows: bias (out,) float32 on the CPU");
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "few_rows: x (N, in), w (out, in)");
   TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= 8, "few_rows: 1 to 8 rows");
   auto xc = x.contiguous();
