@@ -1,12 +1,9 @@
 """The benchmark harness: every method decodes the same thing; transformers' assisted generation agrees."""
 
-import os
-import shutil
-
 import pytest
 import torch
 
-from specrepro import autoregressive_generate, bench
+from specrepro import autoregressive_generate, bench, gemv
 from specrepro.kernels import LINEARS
 from specrepro.tiny import tiny_pair
 
@@ -179,7 +176,7 @@ def test_compiled_configuration_runs_ours_and_transformers_compiled_paths(compil
     """A compiled configuration runs our static-cache path and transformers' static-cache compiled generate(), with
     its linear kernel: the same greedy tokens as the eager runs; no forward hooks inside compiled graphs; the speedup
     baseline is the fastest autoregressive method."""
-    if compiled == bench.COMPILED_FEW_ROWS and shutil.which(os.environ.get("CXX", "c++")) is None:
+    if compiled == bench.COMPILED_FEW_ROWS and not gemv.has_compiler():
         pytest.skip("no C++ compiler here: the few-row kernel cannot be built")
     target, draft = tiny_pair(32, seed=4, dtype=torch.float32)
     methods = ("autoregressive", "speculative", bench.HF_AUTOREGRESSIVE, "hf_assisted_fixed")

@@ -65,10 +65,9 @@ def test_forward_ms_is_a_roofline_with_a_fixed_cost():
 
 
 def test_linear_bandwidth_times_every_kernel_on_the_distinct_weights_and_restores_the_kernel():
-    import shutil
-
     from torch import nn
 
+    from specrepro import gemv
     from specrepro.kernels import SmallRowLinear, use_kernel
     from specrepro.timing import linear_bandwidth
     from specrepro.tiny import tiny_pair
@@ -76,7 +75,7 @@ def test_linear_bandwidth_times_every_kernel_on_the_distinct_weights_and_restore
     target, _ = tiny_pair(16, seed=2)
     target.lm_head.weight = target.model.embed_tokens.weight  # tied: read once per pass
     use_kernel(target, "small_row")
-    kernels = ("stock", "few_rows") if shutil.which("c++") else ("stock", "small_row")
+    kernels = ("stock", "few_rows") if gemv.has_compiler() else ("stock", "small_row")
     rows = linear_bandwidth(target, kernels, rows=(1, 3), rounds=1, repeats=2)
     assert [(r["kernel"], r["rows"]) for r in rows] == [(k, n) for k in kernels for n in (1, 3)]
     distinct = {m.weight.data_ptr(): m.weight.numel() * m.weight.element_size() for m in target.modules()

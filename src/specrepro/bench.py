@@ -403,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [encode_prompt(tok, args.task, ex) for ex in eval_prompts(args.task, args.prompts)]
     hf_ok = not args.no_hf and hf_supports(draft)
     methods = (*METHODS[:2], HF_AUTOREGRESSIVE, *METHODS[2:]) if hf_ok else METHODS[:2]
-    compiled = [COMPILED] + ([COMPILED_FEW_ROWS] if "few_rows" in args.kernels else [])
+    compiled = [c for c, kernel in COMPILED_KERNEL.items() if kernel == "stock" or kernel in args.kernels]
     configs = (*args.kernels, *compiled) if args.compile else tuple(args.kernels)
     runs = run_bench(target, draft, prompts, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
+import shutil
 import warnings
 
 import torch
@@ -186,6 +188,12 @@ def build_for(march: str):
     name = extension_name() if march == "native" else f"{extension_name()}_{march.replace('-', '_')}"
     return cpp_extension.load_inline(name=name, cpp_sources=SOURCE, functions=["few_rows"], extra_cflags=flags,
                                      extra_ldflags=["-fopenmp"], verbose=False)
+
+
+def has_compiler() -> bool:
+    """Whether the C++ compiler torch's extension builder uses (`$CXX`, else `c++`) is on the PATH: where it is
+    not, the kernel cannot be built and its tests skip."""
+    return shutil.which(os.environ.get("CXX", "c++")) is not None
 
 
 def available() -> bool:

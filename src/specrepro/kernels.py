@@ -43,17 +43,9 @@ class SmallRowLinear(nn.Linear):
 
 
 def use_small_row_matmul(model: nn.Module, enabled: bool = True) -> int:
-    """Switch every `nn.Linear` of `model` to `SmallRowLinear` (or back, with enabled=False), in place: the
-    parameters and state dict are unchanged. Returns the number of layers switched."""
-    switched = 0
-    for module in model.modules():
-        if enabled and type(module) is nn.Linear:
-            module.__class__ = SmallRowLinear
-            switched += 1
-        elif not enabled and type(module) is SmallRowLinear:
-            module.__class__ = nn.Linear
-            switched += 1
-    return switched
+    """Switch every linear layer of `model` to `SmallRowLinear` (or back to `nn.Linear`, with enabled=False), in
+    place: the parameters and state dict are unchanged. Returns the number of layers switched (`use_kernel`)."""
+    return use_kernel(model, "small_row" if enabled else "stock")
 
 
 class FewRowsLinear(nn.Linear):
