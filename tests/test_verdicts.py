@@ -149,3 +149,18 @@ def test_regime():
     assert r.label == "does not reproduce" and r.facts["regime"] == "compiled" and "beyond 1.3x" in r.reason
     assert V.regime({"eager": 3.4}, {"eager": 1.0}).label == "partly"  # free only because the step is overhead
     assert V.regime({}, {}).label == "not testable"
+
+
+def test_engine_audit():
+    ok = V.engine_audit([0.4, 0.7, 0.2], 0.04, 0, 0, compared=8)
+    assert ok.label == "lossless at this power" and "0.040" in ok.reason and "0 of 8" in ok.reason
+    # one rejection survives Bonferroni over three tests: contrary
+    v = V.engine_audit([0.4, 0.01, 0.2], 0.04, 0, 0, compared=8)
+    assert v.label == "differs: not explained by numerics" and "1 of 3" in v.reason
+    assert V.engine_audit([0.4, 0.03, 0.2], 0.04, 0, 0, compared=8).label == "lossless at this power"  # 0.09 > 0.05
+    v = V.engine_audit([0.4], 0.04, 2, 0, compared=8)
+    assert v.label == "differs: near-ties only" and "2 at near-ties" in v.reason
+    v = V.engine_audit([0.4], 0.04, 2, 1, compared=8)
+    assert v.label == "differs: not explained by numerics" and "1 elsewhere" in v.reason
+    assert V.engine_audit([], float("nan"), 0, 0, compared=0).label == "not testable"
+    assert V.engine_audit([], float("nan"), 0, 0, compared=4).label == "lossless at this power"

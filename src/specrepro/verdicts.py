@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 LABELS = ("reproduces", "in direction only", "partly", "does not reproduce", "not tested like for like",
-          "not testable")
+          "not testable", "lossless at this power", "differs: near-ties only", "differs: not explained by numerics")
 
 
 @dataclass(frozen=True)
@@ -341,3 +341,35 @@ def regime(step_x_floor: Mapping[str, float], verify_steps: Mapping[str, float],
     if is_near and is_free:
         return Verdict("reproduces", reason, facts)
     return Verdict("partly" if is_near or is_free else "does not reproduce", reason, facts)
+
+
+def engine_audit(p_values: Sequence[float], detectable_shift: float, near_ties: int, other_divergences: int,
+                 *, compared: int, alpha: float = 0.05) -> Verdict:
+    """An engine's speculative decoding (`specrepro.audit`): is it lossless? `p_values`: the distribution tests of
+    speculation on against off (one per prompt and setting, Bonferroni-corrected here); `detectable_shift`: the
+    largest over them of the total-variation shift each detects at 80% power; `near_ties` / `other_divergences`:
+    greedy outputs (speculation on, alone or concurrent) that differ from the reference, classified by the
+    reference's logit gap at the first divergence; `compared`: greedy outputs compared.
+
+    differs: not explained by numerics: a distribution test rejects, or a greedy output diverges where the
+    reference's top two logits are not tied; differs: near-ties only: every divergence is at a near-tie;
+    lossless at this power: neither (with the shift the design could have missed)."""
+    ps = [_num(p) for p in p_values]
+    if not ps and not compared:
+        return Verdict("not testable", "no distribution test and no greedy comparison ran")
+    k = max(1, len(ps))
+    rejected = [p for p in ps if p * k < alpha]
+    smallest = min(ps) if ps else float("nan")
+    facts = dict(tests=len(ps), rejected=len(rejected), smallest_p=smallest, detectable_shift=detectable_shift,
+                 near_ties=near_ties, other_divergences=other_divergences, compared=compared)
+    dist = (f"{len(rejected)} of {len(ps)} distribution tests reject at {alpha} (Bonferroni; smallest p "
+            f"{smallest:.3g})" if ps else "no distribution test ran")
+    greedy = (f"{near_ties + other_divergences} of {compared} greedy outputs diverge ({near_ties} at near-ties, "
+              f"{other_divergences} elsewhere)")
+    if rejected or other_divergences:
+        return Verdict("differs: not explained by numerics", f"{dist}; {greedy}", facts)
+    if near_ties:
+        return Verdict("differs: near-ties only", f"{dist}; {greedy}", facts)
+    power = (f"; a shift of {detectable_shift:.3f} in total variation would have been detected with 80% power"
+             if ps else "")
+    return Verdict("lossless at this power", f"{dist}; {greedy}{power}", facts)

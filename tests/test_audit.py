@@ -1,0 +1,161 @@
+"""The engine audit's statistics and client (`specrepro.audit`), without a server: the homogeneity test holds its
+size and sees a real shift, the power simulation finds the shift it detects, responses of llama.cpp's and OpenAI's
+shapes parse, and bad input is refused with a message."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specrepro import audit
+from specrepro.sampling import SamplingConfig
+
+
+def draws(probs, n, seed):
+    return np.random.default_rng(seed).choice(len(probs), size=n, p=probs).tolist()
+
+
+P = np.array([0.4, 0.25, 0.15, 0.1, 0.06, 0.04])
+
+
+def test_homogeneity_keeps_its_size_on_one_distribution():
+    rejections = sum(audit.homogeneity(draws(P, 500, 2 * s), draws(P, 500, 2 * s + 1)).p_value < 0.05
+                     for s in range(200))
+    assert rejections / 200 < 0.1  # nominal 0.05; 200 replicates
+
+
+def test_homogeneity_rejects_a_shifted_distribution():
+    h = audit.homogeneity(draws(P, 2000, 0), draws(audit.shifted(P, 0.1), 2000, 1))
+    assert h.p_value < 1e-4 and 0.05 < h.total_variation < 0.15
+
+
+def test_rare_outcomes_are_pooled_and_one_cell_is_no_evidence():
+    a = [0] * 100 + [1, 2, 3]
+    b = [0] * 100 + [4]
+    h = audit.homogeneity(a, b)
+    assert h.cells <= 2 and h.p_value > 0.05
+    assert audit.homogeneity([0] * 10, [0] * 10).p_value == 1.0
+    with pytest.raises(ValueError, match="non-empty"):
+        audit.homogeneity([], [1])
+
+
+def test_shifted_moves_exactly_the_mass_asked_onto_the_mode():
+    q = audit.shifted(P, 0.1)
+    assert q.sum() == pytest.approx(1.0)
+    assert 0.5 * np.abs(q - P).sum() == pytest.approx(0.1)
+    assert q.argmax() == 0 and q[0] == pytest.approx(0.5)
+
+
+def test_power_grows_with_the_shift_and_the_detectable_shift_sits_where_power_crosses_80_percent():
+    small, large = (audit.power(P, s, 400, 400, replicates=100) for s in (0.01, 0.15))
+    assert small < 0.3 and large > 0.95
+    d = audit.detectable_shift(P, 400, 400, replicates=100)
+    assert 0.02 < d < 0.15
+    assert audit.power(P, d, 400, 400, replicates=200, seed=1) > 0.6
+
+
+LLAMA_CPP = {"choices": [{"text": " Paris.", "logprobs": {"content": [
+    {"id": 12, "token": " Paris", "logprob": -0.1}, {"id": 30, "token": ".", "logprob": -0.5}]}}],
+    "usage": {"completion_tokens": 2}, "timings": {"draft_n": 3, "draft_n_accepted": 1}}
+OPENAI = {"choices": [{"text": " Paris.", "logprobs": {"tokens": [" Paris", "."], "token_logprobs": [-0.1, -0.5]}}],
+          "usage": {"completion_tokens": 2}}
+
+
+def test_llama_cpp_and_openai_responses_parse():
+    a = audit.parse(LLAMA_CPP, 0.5)
+    assert a.ids == (12, 30) and a.key == (12, 30) and (a.drafted, a.accepted) == (3, 1)
+    b = audit.parse(OPENAI, 0.5)
+    assert b.ids is None and b.key == (" Paris", ".") and b.completion_tokens == 2
+    with pytest.raises(audit.ServerError, match="logprobs"):
+        audit.parse({"choices": [{"text": "x"}]}, 0.1)
+    with pytest.raises(audit.ServerError, match="no choices"):
+        audit.parse({"error": "bad"}, 0.1)
+
+
+def test_compare_outputs_finds_the_first_divergence():
+    ref = [audit.parse(LLAMA_CPP, 0.1)] * 2
+    other = dict(LLAMA_CPP, choices=[{"text": "", "logprobs": {"content": [{"id": 12, "token": "a"},
+                                                                               {"id": 31, "token": "b"}]}}])
+    m = audit.compare_outputs(ref, [ref[0], audit.parse(other, 0.1)])
+    assert (m.prompts, m.exact, m.first_divergence) == (2, 1, (None, 1)) and m.prefix_match == 0.75
+
+
+def test_the_request_turns_every_other_sampler_stage_off_and_bad_input_is_refused():
+    c = audit.Client("http://127.0.0.1:9")
+    body = c.body("hi", 4, SamplingConfig(0.8, top_p=0.9), seed=3)
+    assert body["top_k"] == 0 and body["top_p"] == 0.9 and body["min_p"] == 0.0 and body["seed"] == 3
+    assert body["samplers"] == ["temperature", "top_k", "top_p"] and body["repeat_penalty"] == 1.0
+    with pytest.raises(ValueError, match="empty prompt"):
+        c.body("", 4, SamplingConfig(), None)
+    with pytest.raises(ValueError, match="max_tokens"):
+        c.body("hi", audit.MAX_TOKENS + 1, SamplingConfig(), None)
+    with pytest.raises(ValueError, match="http"):
+        audit.Client("127.0.0.1:8080")
+    with pytest.raises(ValueError, match="temperature > 0"):
+        audit.first_tokens(c, "hi", n_samples=2, n_tokens=2, cfg=SamplingConfig(0.0))
+
+
+def test_an_unreachable_server_says_so():
+    from specrepro.engines import free_port
+
+    with pytest.raises(audit.ServerError, match="is the server running"):
+        audit.Client(f"http://127.0.0.1:{free_port()}", timeout=5).complete("hi", max_tokens=2)
+
+
+def test_the_probe_lists_what_cannot_be_tested():
+    assert audit.Probe(True, True, True).cannot_test() == []
+    msgs = audit.Probe(False, False, False).cannot_test()
+    assert any("seed" in m for m in msgs) and any("top_k" in m for m in msgs) and any("ids" in m for m in msgs)
+
+
+# ---- the audit end to end, through HTTP, on our own loop (specrepro.served) --------------------------------------
+
+
+def keys(completions):
+    return [c.key for c in completions]
+
+
+def test_the_audit_passes_our_speculative_sampling_and_fails_a_planted_bug(pair64):
+    from specrepro.served import OursServer
+
+    target, draft = pair64
+    prompt, cfg, n = [0, 3, 5], SamplingConfig(1.0), 300
+    with OursServer(target) as ar, OursServer(target, draft, gamma=2) as sp, \
+            OursServer(target, draft, gamma=2, bug="greedy-draft-with-stochastic-ratio") as bad:
+        a, b, c = (audit.first_tokens(audit.Client(s.url), prompt, n_samples=n, n_tokens=2, cfg=cfg, concurrency=2)
+                   for s in (ar, sp, bad))
+    assert sum(x.drafted for x in b) > 0 and all(x.drafted == 0 for x in a)
+    assert audit.homogeneity(keys(a), keys(b)).p_value > 0.01
+    assert audit.homogeneity(keys(a), keys(c)).p_value < 1e-3
+
+
+def test_our_server_repeats_a_seed_honours_top_k_and_serves_greedy_alike_alone_and_concurrently(pair64):
+    from specrepro.served import OursServer
+
+    target, draft = pair64
+    with OursServer(target, draft, gamma=2) as sp:
+        client = audit.Client(sp.url)
+        assert audit.probe(client, [0, 3, 5], n_tokens=4) == audit.Probe(True, True, True)
+        prompts = [[0, 3, 5], [1, 2], [7, 7, 7, 7, 1]]
+        m = audit.compare_outputs(audit.greedy(client, prompts, max_tokens=6),
+                                  audit.greedy(client, prompts, max_tokens=6, concurrency=3))
+        assert m.exact == 3
+        with pytest.raises(audit.ServerError, match="400.*token ids"):
+            client.complete("text", max_tokens=2)  # no tokenizer was given
+
+
+def test_the_cli_audits_running_servers_and_prints_a_computed_verdict(pair64, capsys):
+    import json
+
+    from specrepro.served import OursServer
+
+    target, draft = pair64
+    with OursServer(target) as off, OursServer(target, draft, gamma=2, bug="greedy-draft-with-stochastic-ratio") as bad:
+        assert audit.main(["--url", bad.url, "--baseline-url", off.url, "--prompt", "[0, 3, 5]", "--samples", "200",
+                           "--tokens", "2", "--concurrency", "2", "--max-tokens", "4", "--power-replicates", "20"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["verdict"]["label"] == "differs: not explained by numerics"
+        assert out["probe"] == dict(seed_repeats=True, top_k_1_is_greedy=True, returns_ids=True)
+        assert audit.main(["--url", off.url, "--prompt", "[1, 2]", "--concurrency", "2", "--max-tokens", "3"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["concurrency"][0]["exact_match"] == 1.0 and "no --baseline-url" in out["cannot_test"][-1]

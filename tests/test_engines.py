@@ -1,0 +1,152 @@
+"""llama.cpp as a managed process (`specrepro.engines`): a server that crashes, hangs or is left by an exception
+never leaves a process behind; and, where llama-server is built (`make test` builds it), the audit against the
+real engine: greedy output equal alone and under concurrency, and its speculative modes running."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import textwrap
+import time
+
+import pytest
+
+from specrepro import audit, engines
+
+FAKE = textwrap.dedent("""\
+    #!{python}
+    # a stand-in for llama-server: MODE=crash exits, MODE=hang ignores SIGTERM and never answers, MODE=serve answers
+    # /health and starts a child process, so killing only the parent would leave one behind
+    import http.server, os, signal, subprocess, sys, time
+    args = sys.argv[1:]
+    port = int(args[args.index("--port") + 1])
+    mode = os.environ["FAKE_MODE"]
+    if mode == "crash":
+        print("error: model file is broken", flush=True)
+        sys.exit(3)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    open(os.environ["FAKE_PIDS"], "w").write(f"{{os.getpid()}} {{child.pid}}")
+    if mode == "hang":
+        time.sleep(600)
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers(); self.wfile.write(b"{{}}")
+        def log_message(self, *a): pass
+    http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+    """)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie waiting for its parent's wait() counts as gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def gone(pids, within: float = 15.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not any(alive(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    exe = tmp_path / "llama-server"
+    exe.write_text(FAKE.format(python=sys.executable))
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    monkeypatch.setenv("FAKE_PIDS", str(tmp_path / "pids"))
+
+    def server(mode, **kw):
+        monkeypatch.setenv("FAKE_MODE", mode)
+        return engines.LlamaServer(model, executable=exe, log_path=tmp_path / "server.log", **kw)
+
+    return server, tmp_path / "pids"
+
+
+def pids_of(path):
+    return [int(x) for x in path.read_text().split()]
+
+
+def test_a_server_that_crashes_while_starting_reports_its_log(fake):
+    server, _ = fake
+    with pytest.raises(engines.EngineUnavailable, match="(?s)exited with 3.*model file is broken"), server("crash"):
+        pass
+
+
+def test_a_hung_server_is_killed_with_its_children_after_the_start_timeout(fake):
+    server, pids = fake
+    with pytest.raises(engines.EngineUnavailable, match="did not answer /health"), server("hang", startup_s=3):
+        pass
+    assert gone(pids_of(pids))
+
+
+def test_a_running_server_and_its_children_are_killed_on_an_exception_in_the_block(fake):
+    server, pids = fake
+    with pytest.raises(RuntimeError, match="boom"), server("serve") as s:
+        assert s.url.startswith("http://127.0.0.1:")
+        raise RuntimeError("boom")
+    assert gone(pids_of(pids))
+
+
+def test_missing_binary_or_model_says_what_to_run(tmp_path):
+    with pytest.raises(engines.EngineUnavailable, match="make llama-cpp"), \
+            engines.LlamaServer(tmp_path / "m.gguf", executable=tmp_path / "nope"):
+        pass
+    exe = tmp_path / "exe"
+    exe.write_text("")
+    with pytest.raises(engines.EngineUnavailable, match="does not exist"), \
+            engines.LlamaServer(tmp_path / "m.gguf", executable=exe):
+        pass
+
+
+# ---- the real engine ------------------------------------------------------------------------------------------------
+
+needs_llama = pytest.mark.skipif(not engines.built(), reason="llama-server is not built here (`make llama-cpp` "
+                                 f"builds it; this machine lacks: {engines.missing_tools() or 'nothing'})")
+PROMPTS = ["def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+           "Roses are red, violets are blue. Roses are red, violets are",
+           "Write a short poem about the sea.",
+           "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"]
+
+
+@pytest.fixture(scope="module")
+def target_gguf():
+    from specrepro import models
+
+    try:
+        folder = models.target_dir(prepare=False)
+    except models.ModelFilesMissing as e:
+        pytest.skip(str(e))
+    return engines.gguf(folder)
+
+
+@pytest.mark.slow
+@needs_llama
+def test_llama_cpp_greedy_output_is_the_same_alone_and_under_concurrency_with_and_without_speculation(target_gguf):
+    results = {}
+    for name, spec in (("off", []), ("ngram", ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3"])):
+        with engines.LlamaServer(target_gguf, spec=spec, parallel=4) as server:
+            client = audit.Client(server.url)
+            alone = audit.greedy(client, PROMPTS, max_tokens=24)
+            together = audit.greedy(client, PROMPTS, max_tokens=24, concurrency=4)
+            results[name] = (alone, together, audit.compare_outputs(alone, together))
+    for name, (alone, _, _) in results.items():
+        assert all(c.ids is not None and len(c.ids) > 0 for c in alone), name
+    drafted = sum(c.drafted or 0 for c in results["ngram"][0])
+    assert drafted > 0  # the n-gram mode did speculate on these repetitive prompts
+    # speculation on, one at a time, writes what speculation off writes (greedy: lossless up to near-ties)
+    across = audit.compare_outputs(results["off"][0], results["ngram"][0])
+    assert across.prefix_match > 0.5
+    assert results["off"][2].prompts == 4
