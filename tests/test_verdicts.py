@@ -164,3 +164,14 @@ def test_engine_audit():
     assert v.label == "differs: not explained by numerics" and "1 elsewhere" in v.reason
     assert V.engine_audit([], float("nan"), 0, 0, compared=0).label == "not testable"
     assert V.engine_audit([], float("nan"), 0, 0, compared=4).label == "lossless at this power"
+
+
+def test_engines_claim():
+    bug = {"planted": "differs: not explained by numerics"}
+    v = V.engines({"llama.cpp ngram": "lossless at this power", "llama.cpp draft": "differs: near-ties only"},
+                  planted=bug)
+    assert v.label == "does not reproduce" and "1 at near-ties only" in v.reason and "planted bug failed" in v.reason
+    v = V.engines({"llama.cpp ngram": "lossless at this power", "x": "differs: not explained by numerics"}, planted=bug)
+    assert v.label == "reproduces" and v.facts["broken"] == ["x"]
+    assert V.engines({"a": "lossless at this power"}, planted={"p": "lossless at this power"}).label == "not testable"
+    assert V.engines({}, planted=bug).label == "not testable"

@@ -207,6 +207,22 @@ def train(target, labels: dict, cfg: FeatureDraftConfig = FeatureDraftConfig(), 
     return draft, fields
 
 
+@torch.no_grad()
+def agreement(draft: FeatureDraft, labels: dict, features: torch.Tensor, rows: torch.Tensor, depth: int = 2,
+              batch_rows: int = 8) -> list[float]:
+    """Top-1 agreement with the target per draft depth over `rows` of `labels` (answer positions only), weighted by
+    labelled positions, as `train` measures it on the held-out rows."""
+    table = full_to_cut(draft.head.kept)
+    agree, count = [0.0] * depth, 0
+    for s in range(0, len(rows), batch_rows):
+        idx = rows[s:s + batch_rows]
+        w = int(labels["mask"][idx].sum())
+        _, ag = batch_loss(draft, labels["tokens"][idx], features[idx], labels["mask"][idx],
+                           table[labels["topk_ids"][idx].long()], labels["topk_logp"][idx], depth)
+        agree, count = [a + x * w for a, x in zip(agree, ag)], count + w
+    return [a / count for a in agree]
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m specrepro.eagle_train`: generate (or reuse) the target's answers, train and store the draft."""
     import argparse
@@ -225,10 +241,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--regress", type=float, default=FeatureDraftConfig.regress)
     ap.add_argument("--lr", type=float, default=FeatureDraftConfig.train.lr)
     ap.add_argument("--folder", type=Path, default=paths.MODELS)
+    ap.add_argument("--evaluate", type=Path, help="only print a stored draft's top-1 agreement per depth on the "
+                    "answers' training and held-out rows (a check for overfitting), then exit")
     args = ap.parse_args(argv)
     target, tokenizer = models.load_target(), models.load_tokenizer()
     dcfg = distill.DistillConfig(n_code=args.n_code, n_text=args.n_text, max_new_tokens=128, context=384)
     labels = distill.target_answers(target, tokenizer, dcfg, target_id=models.GGUF_SHA256)
+    if args.evaluate:
+        from .eagle import load
+
+        draft = load(args.evaluate, target=target)
+        cfg = FeatureDraftConfig(feature_layers=draft.target_features)
+        feats = cached_features(target, labels, cfg, labels["key"])
+        held = torch.arange(labels["tokens"].shape[0]) % cfg.holdout == cfg.holdout - 1
+        for name, rows in (("training rows", (~held).nonzero()[:, 0]), ("held-out rows", held.nonzero()[:, 0])):
+            print(f"{name}: top-1 agreement by depth {[round(a, 3) for a in agreement(draft, labels, feats, rows)]}")
+        return 0
     layers = (target.config.num_hidden_layers,) if args.regress > 0 else FeatureDraftConfig.feature_layers
     cfg = FeatureDraftConfig(name=args.name, layers=args.layers, depth=args.depth, regress=args.regress,
                              feature_layers=layers, train=TrainConfig(**asdict(FeatureDraftConfig.train)

@@ -267,6 +267,22 @@ def _batch_throughput(r05):
     return v.reason, v.label, "05-batch"
 
 
+def _engines(r08):
+    v, c = r08["verdicts"], r08["concurrency"]
+    engines_ = v[v.engine != "ours"]
+    ours = v[v.engine == "ours"]
+    planted = ours["mode"].str.contains("planted")
+    verdict = verdicts.engines({f"{r.engine} {r.mode}": r.verdict for r in engines_.itertuples()},
+                               planted={r.mode: r.verdict for r in ours[planted].itertuples()})
+    under = c[(c.engine != "ours") & (c.speculation == "on")]
+    text = "; ".join(f"{r.engine} {r.mode}: {r.verdict}" for r in engines_.itertuples())
+    if len(under):
+        text += (f"; greedy exact match under concurrency {under.concurrency.min()}-{under.concurrency.max()}: "
+                 f"{under.exact_match.min():.0%}-{under.exact_match.max():.0%} ({under.prompts.iloc[0]} prompts)")
+    text += "; ours: " + ", ".join(f"{r.mode}: {r.verdict}" for r in ours.itertuples())
+    return text, f"{verdict.label}: {verdict.reason}", "08-engines"
+
+
 ROWS = {  # claim id in claims.json -> (notebooks it needs, a builder of (ours, verdict, notebooks) from `results`)
     "distribution": (("01-distribution",), lambda r: _distribution(r["01-distribution"])),
     "numerics": (("04-numerics",), lambda r: _numerics(r["04-numerics"])),
@@ -277,6 +293,7 @@ ROWS = {  # claim id in claims.json -> (notebooks it needs, a builder of (ours, 
     "draft_size": (("03-latency",), lambda r: _draft_size(r["03-latency"], r.get("06-draft-sweep"))),
     "batch_equivalence": (("05-batch",), lambda r: _batch_equivalence(r["05-batch"])),
     "batch_throughput": (("05-batch",), lambda r: _batch_throughput(r["05-batch"])),
+    "engines": (("08-engines",), lambda r: _engines(r["08-engines"])),
 }
 
 

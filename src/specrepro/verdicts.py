@@ -373,3 +373,25 @@ def engine_audit(p_values: Sequence[float], detectable_shift: float, near_ties: 
     power = (f"; a shift of {detectable_shift:.3f} in total variation would have been detected with 80% power"
              if ps else "")
     return Verdict("lossless at this power", f"{dist}; {greedy}{power}", facts)
+
+
+def engines(audits: Mapping[str, str], *, planted: Mapping[str, str] = frozenset()) -> Verdict:
+    """The seed post (after Zhang et al. 2025): "some engines break the distribution guarantee outright once batch
+    size exceeds one". `audits`: each audited engine and mode (ours excluded) -> its `engine_audit` label;
+    `planted`: the planted bugs' labels (the audit must catch them, or its passes mean nothing).
+
+    reproduces: an audited engine differs in a way numerics do not explain; does not reproduce: none does, and
+    every planted bug was caught; not testable: nothing audited, or a planted bug went unseen."""
+    missed = [m for m, label in planted.items() if label != "differs: not explained by numerics"]
+    if not audits or missed:
+        why = (f"the audit missed the planted bug(s) {missed}" if missed else "no engine was audited")
+        return Verdict("not testable", why, dict(missed=missed))
+    broken = [m for m, label in audits.items() if label == "differs: not explained by numerics"]
+    ties = [m for m, label in audits.items() if label == "differs: near-ties only"]
+    facts = dict(audited=len(audits), broken=broken, near_ties=ties)
+    caught = f"; the planted bug{'s' if len(planted) > 1 else ''} failed the same audit" if planted else ""
+    if broken:
+        return Verdict("reproduces", f"{len(broken)} of {len(audits)} audited modes differ beyond numerics: "
+                       f"{', '.join(broken)}{caught}", facts)
+    return Verdict("does not reproduce", f"none of the {len(audits)} audited modes ({', '.join(audits)}) differs "
+                   f"beyond numerics{f' ({len(ties)} at near-ties only)' if ties else ''}{caught}", facts)
