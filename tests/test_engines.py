@@ -100,6 +100,32 @@ def test_a_running_server_and_its_children_are_killed_on_an_exception_in_the_blo
     assert gone(pids_of(pids))
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_client_killed_outright_takes_its_server_with_it(fake, tmp_path):
+    import subprocess
+
+    _, pids = fake
+    script = tmp_path / "client.py"
+    script.write_text(textwrap.dedent("""\
+        import os, sys, time
+        from pathlib import Path
+        from specrepro import engines
+        os.environ["FAKE_MODE"] = "serve"
+        folder = Path(sys.argv[1])
+        with engines.LlamaServer(folder / "model.gguf", executable=folder / "llama-server",
+                                 log_path=folder / "server.log"):
+            print("up", flush=True)
+            time.sleep(600)
+        """))
+    client = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert client.stdout.readline().strip() == "up"
+    server_pid = pids_of(pids)[0]
+    assert alive(server_pid)
+    client.kill()  # no finally block runs
+    client.wait()
+    assert gone([server_pid])
+
+
 def test_missing_binary_or_model_says_what_to_run(tmp_path):
     with pytest.raises(engines.EngineUnavailable, match="make llama-cpp"), \
             engines.LlamaServer(tmp_path / "m.gguf", executable=tmp_path / "nope"):

@@ -182,6 +182,17 @@ def exported(model, tokenizer, name: str, *, pin: SourcePin = LLAMA_CPP) -> Path
     return folder
 
 
+def _die_with_parent() -> None:
+    """In the server's process before exec (Linux): SIGKILL it when the process that started it dies, so a client
+    killed without running its `finally` blocks (SIGTERM, SIGKILL, a crashed kernel) leaves no server behind."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the `with` block's exit is then the only guard
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -229,7 +240,8 @@ class LlamaServer:
         self._log.parent.mkdir(parents=True, exist_ok=True)
         with open(self._log, "w") as log:
             self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
+                                            stdin=subprocess.DEVNULL, start_new_session=True,
+                                            preexec_fn=_die_with_parent)
         try:
             self._wait_ready()
         except BaseException:
