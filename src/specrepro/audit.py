@@ -317,14 +317,16 @@ def concurrency_runs(client: Client, prompts: list, *, max_tokens: int, levels=(
     return {c: greedy(client, prompts, max_tokens=max_tokens, concurrency=c) for c in sorted(set(levels) | {1})}
 
 
-def concurrency_rows(runs: dict[int, list[Completion]], *, target=None, prompt_ids: list[list[int]] | None = None,
-                     **labels) -> tuple[list[dict], list[dict]]:
-    """Each level's outputs against the one-at-a-time ones: a summary row per level, and one row per divergence,
+def concurrency_rows(runs: dict[int, list[Completion]], *, reference: list[Completion] | None = None, target=None,
+                     prompt_ids: list[list[int]] | None = None, **labels) -> tuple[list[dict], list[dict]]:
+    """Each level's outputs against the one-at-a-time ones (or against `reference`, e.g. another server's
+    one-at-a-time outputs): a summary row per level, and one row per divergence,
     classified near-tie or not with `target`'s logits (`equivalence.compare`) where the server returned ids and the
     prompts' ids are given."""
     from .equivalence import compare
 
-    reference, summaries, divergences = runs[1], [], []
+    reference = runs[1] if reference is None else reference
+    summaries, divergences = [], []
     for level, got in runs.items():
         if got is reference:
             continue
@@ -399,9 +401,8 @@ def audit_engine(on, off, *, engine: str, mode: str, sample_prompts: list, setti
                                                                        zip(a[:paired], same[name, i])]))))
     conc, div = concurrency_rows(runs, target=target, prompt_ids=prompts, speculation="on", **labels)
     conc_off, div_off = concurrency_rows(off_runs, target=target, prompt_ids=prompts, speculation="off", **labels)
-    across, div_across = concurrency_rows({1: off_runs[1], 0: runs[1]}, target=target, prompt_ids=prompts,
+    across, div_across = concurrency_rows({1: runs[1]}, reference=off_runs[1], target=target, prompt_ids=prompts,
                                           speculation="on vs off, one at a time", **labels)
-    across, div_across = ([r | dict(concurrency=1) for r in rows] for rows in (across, div_across))
     return dict(distribution=distribution, concurrency=conc + conc_off + across,
                 divergences=div + div_off + div_across, speed=[speed_row(runs[1], off_runs[1], **labels)])
 

@@ -141,7 +141,8 @@ def build(pin: SourcePin = LLAMA_CPP, *, jobs: int | None = None, log=print) -> 
 
 def gguf(model_folder: Path, *, outtype: str = "f32", pin: SourcePin = LLAMA_CPP, log=print) -> Path:
     """`model_folder` (a transformers folder) converted to GGUF by the pinned tree's own converter, cached beside
-    the build under the folder's name; rebuilt when the folder's config or weights change."""
+    the build under the folder's name and a key of its config and its weight files' names and sizes (a change of
+    weights that keeps every size needs the cached file removed)."""
     model_folder = Path(model_folder)
     weights = sorted(model_folder.glob("*.safetensors"))
     if not weights:
