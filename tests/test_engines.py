@@ -137,6 +137,46 @@ def test_missing_binary_or_model_says_what_to_run(tmp_path):
         pass
 
 
+def _report(*tests):
+    import json
+
+    return json.dumps([dict(n_prompt=p, n_gen=g, n_depth=256, samples_ns=ns, n_threads=2, flash_attn=-1,
+                            model_type="llama ?B all F32") for p, g, ns in tests])
+
+
+def test_bench_rows_time_a_forward_whole_and_a_decode_run_per_step():
+    rows = engines.bench_rows(_report((4, 0, [30e6, 20e6, 25e6]), (0, 32, [320e6, 640e6, 480e6])))
+    forward, decode = rows
+    assert (forward.test, forward.tokens, forward.depth, forward.ms) == ("forward", 4, 256, 25.0)
+    assert (decode.test, decode.tokens, decode.ms) == ("decode", 32, 15.0)  # 480 ms over 32 steps
+    assert decode.samples_ms == (10.0, 20.0, 15.0)
+    assert forward.flash_attn == "auto"  # llama-bench writes -1
+
+
+def test_bench_rows_refuse_what_is_not_a_forward_or_decode_steps():
+    with pytest.raises(engines.EngineUnavailable, match="-pg"):
+        engines.bench_rows(_report((4, 8, [1e6])))
+    with pytest.raises(engines.EngineUnavailable, match="no JSON"):
+        engines.bench_rows("error: failed to load model")
+    with pytest.raises(engines.EngineUnavailable, match="no tests"):
+        engines.bench_rows("[]")
+
+
+def test_bench_reports_a_failing_llama_bench_with_its_stderr(tmp_path):
+    exe = tmp_path / "llama-bench"
+    exe.write_text(f"#!{sys.executable}\nimport sys\nprint('error: unknown model architecture', file=sys.stderr)\n"
+                   "sys.exit(1)\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"")
+    with pytest.raises(engines.EngineUnavailable, match="unknown model architecture"):
+        engines.bench(model, [1, 2], executable=exe)
+    with pytest.raises(engines.EngineUnavailable, match="make llama-cpp"):
+        engines.bench(model, [1], executable=tmp_path / "nope")
+    with pytest.raises(ValueError, match="positive widths"):
+        engines.bench(model, [0, 1], executable=exe)
+
+
 # ---- the real engine ------------------------------------------------------------------------------------------------
 
 needs_llama = pytest.mark.skipif(not engines.built(), reason="llama-server is not built here (`make llama-cpp` "
@@ -176,3 +216,13 @@ def test_llama_cpp_greedy_output_is_the_same_alone_and_under_concurrency_with_an
     across = audit.compare_outputs(results["off"][0], results["ngram"][0])
     assert across.prefix_match > 0.5
     assert results["off"][2].prompts == 4
+
+
+@pytest.mark.slow
+@needs_llama
+def test_llama_bench_times_the_target_forward_by_width_and_its_decode_step(target_gguf):
+    rows = engines.bench(target_gguf, [1, 4], depth=32, decode_tokens=4, repetitions=2)
+    by = {(r.test, r.tokens): r for r in rows}
+    assert set(by) == {("forward", 1), ("forward", 4), ("decode", 4)}
+    assert all(r.depth == 32 and r.threads == 2 and len(r.samples_ms) == 2 and r.ms > 0 for r in rows)
+    assert "F32" in by["forward", 1].model_type  # the float32 weights of our converted target

@@ -458,6 +458,73 @@ def floor_ms(model, context: int, device=None, *, tokens: int = 1, bandwidth: fl
     return 1e3 * sum(bytes_.values()) / (bandwidth or memory_bandwidth(device or "cpu"))
 
 
+# ---- llama.cpp as the anchor of the cost profile (notebook 07) -------------------------------------------------------
+
+LLAMA_CPP = "llama.cpp"  # the regime name of llama.cpp's rows in `anchor_table`
+
+
+def llama_cpp_profile(target_name: str, widths, context: int, *, threads: int, repetitions: int = 5,
+                      decode_tokens: int = 32) -> tuple[list, str | None]:
+    """llama.cpp's cost profile of the same float32 weights as `target_name` (the built-in target, or a local
+    transformers folder with safetensors weights): llama-bench built (`engines.build`) and run (`engines.bench`) on
+    the weights converted to an F32 GGUF, a forward of each width in `widths` after `context` cached tokens and
+    `decode_tokens` decode steps from there. Returns (rows, None), or ([], why) where it cannot run here (no
+    compiler, a Hugging Face id), so a notebook states the reason and goes on without the anchor."""
+    from pathlib import Path
+
+    from . import engines, models
+
+    folder = models.target_dir() if target_name == models.TARGET else Path(target_name)
+    if not (folder / "config.json").exists():
+        return [], (f"the llama.cpp anchor converts the target's weights to GGUF and needs it as a local transformers "
+                    f"folder; {target_name!r} is not one")
+    try:
+        engines.build()
+        return engines.bench(engines.gguf(folder), widths, depth=context, decode_tokens=decode_tokens,
+                             threads=threads, repetitions=repetitions), None
+    except engines.EngineUnavailable as e:
+        return [], f"llama.cpp is unavailable here: {e}"
+
+
+def anchor_table(regime_ms: dict[str, list[float]], llama_rows: list, floor_ms: dict[int, float]) -> list[dict]:
+    """Our cost profile beside llama.cpp's, width by width. `regime_ms`: our regimes' forwards of 1, 2, ... tokens
+    in ms (as `walltime.verify_ms` gives them); `llama_rows`: `engines.bench` rows ("forward" ones are used);
+    `floor_ms`: the memory floor of a forward of each width. One row per regime (llama.cpp's under `LLAMA_CPP`)
+    and width: ms, steps (over the regime's own 1-token forward), x_floor, and for ours `ms_vs_llama` and
+    `steps_vs_llama` (ours over llama.cpp's at that width; NaN where llama.cpp did not run that width)."""
+    nan = float("nan")
+    llama = {r.tokens: r.ms for r in llama_rows if r.test == "forward"}
+
+    def row(regime, k, t, one):
+        return dict(regime=regime, tokens=k, ms=t, steps=t / one, floor_ms=floor_ms.get(k, nan),
+                    x_floor=t / floor_ms.get(k, nan))
+
+    rows = [row(LLAMA_CPP, k, t, llama.get(1, nan)) for k, t in sorted(llama.items())]
+    for regime, ms in regime_ms.items():
+        for k, t in enumerate(ms, 1):
+            ref = llama.get(k, nan)
+            rows.append(row(regime, k, t, ms[0]) | dict(ms_vs_llama=t / ref,
+                                                        steps_vs_llama=(t / ms[0]) / (ref / llama.get(1, nan))))
+    return rows
+
+
+def anchor_goals(table: list[dict], regime: str, *, llama_decode_ms: float, max_tokens: int = 5,
+                 tolerance: float = 0.10) -> list[dict]:
+    """The regime issue's two goals against llama.cpp, computed from `anchor_table` rows for our `regime`: its
+    1-token forward within `tolerance` of llama.cpp's decode step, and its k-token curve (in steps) within
+    `tolerance` of llama.cpp's, or below it, for k = 2..`max_tokens`. A goal whose llama.cpp numbers are missing
+    has value NaN and does not hold."""
+    ours = {r["tokens"]: r for r in table if r["regime"] == regime}
+    if 1 not in ours:
+        raise ValueError(f"no 1-token forward of regime {regime!r} in the table")
+    step = ours[1]["ms"] / llama_decode_ms
+    worst = max((ours[k]["steps_vs_llama"] for k in range(2, max_tokens + 1) if k in ours), default=float("nan"))
+    return [dict(goal=f"our decode step ({regime}) within {tolerance:.0%} of llama.cpp's", value=step,
+                 holds=bool(step <= 1 + tolerance)),
+            dict(goal=f"our forward of 2..{max_tokens} tokens ({regime}), in decode steps, within {tolerance:.0%} of "
+                      "llama.cpp's or below", value=worst, holds=bool(worst <= 1 + tolerance))]
+
+
 def _print_summary(summary: dict) -> None:
     print(f"{'method':22s} {'ms/token':>9s} {'decode ms/tok':>14s} {'TTFT ms':>8s} {'speedup':>8s} {'95% CI':>13s} "
           f"{'per prompt':>12s}")

