@@ -148,3 +148,20 @@ def test_the_like_for_like_rows_of_03_decide_the_table1_verdict(tmp_path):
     t1 = summary.table1_beside_chen(summary.results(tmp_path))
     ours_lfl = t1[t1.source.str.contains("section 1c")]
     assert ours_lfl.like_for_like.all() and len(ours_lfl) == 2
+
+
+def test_the_regime_row_sets_ours_beside_llama_cpp_where_07_ran_it(tmp_path):
+    for name, metrics in (("02-arithmetic-ops", {"decode_step": dict(measured_ms=60.0, memory_floor_ms=10.0,
+                                                                      memory_share=0.17)}),
+                          ("07-regime", {"decode_step_x_floor": {"eager": 6.0, "compiled few_rows": 2.5},
+                                         "verify_steps": {"eager_4": 1.3, "compiled few_rows_4": 1.2},
+                                         "llama_cpp": {"decode_ms": 20.0, "decode_x_floor": 2.0}})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.json").write_text(json.dumps(metrics))
+    regime_row = summary.ROWS["memory_bound"][1]  # (ours, verdict, notebooks) from the results
+    ours, _, _ = regime_row(summary.results(tmp_path))
+    assert "decode step 20.0 ms, 2.00x the floor; ours at its fastest 1.25x llama.cpp's" in ours
+    m = json.loads((tmp_path / "07-regime" / "metrics.json").read_text())
+    m["llama_cpp"] = {"decode_ms": float("nan"), "decode_x_floor": None}  # llama.cpp could not run there
+    (tmp_path / "07-regime" / "metrics.json").write_text(json.dumps(m))
+    assert "llama.cpp" not in regime_row(summary.results(tmp_path))[0]

@@ -92,6 +92,11 @@ def _regime(r02, r07):
     v = verdicts.regime(x, {r: steps.get(f"{r}_4") for r in x})
     eager_4 = steps.get("eager_4")
     ours += f"; {v.reason} (eager: {float('nan') if eager_4 is None else eager_4:.2f} steps) (07)"
+    llama = m.get("llama_cpp") or {}
+    if llama.get("decode_x_floor") is not None and x:  # the anchor: llama.cpp on the same weights, same floor
+        ours += (f"; llama.cpp on the same float32 weights, same run: decode step {llama['decode_ms']:.1f} ms, "
+                 f"{llama['decode_x_floor']:.2f}x the floor; ours at its fastest "
+                 f"{min(x.values()) / llama['decode_x_floor']:.2f}x llama.cpp's (07)")
     return ours, v.label, "02-arithmetic-ops, 07-regime"
 
 
