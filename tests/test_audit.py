@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specrepro import audit
+from specrepro import audit, verdicts
 from specrepro.sampling import SamplingConfig
 
 
@@ -181,3 +181,27 @@ def test_transformers_assisted_and_prompt_lookup_generation_go_through_the_same_
             assert audit.compare_outputs(reference, audit.greedy(audit.Client(s.url), prompts, max_tokens=6)).exact == 3
     with pytest.raises(TypeError, match="transformers cannot run"):
         TransformersServer(target, object())
+
+
+def test_only_tests_where_speculation_ran_and_changed_the_draw_speak_about_it():
+    def row(prompt, p, **kw):
+        return dict(setting="T=1", prompt=prompt, p_value=p, cells=5, drafting_share=1.0, same_seed_pairs=50,
+                    same_seed_identical=0.3, detectable_shift=0.2) | kw
+
+    rows = [row(0, 0.001), row(1, 0.004, drafting_share=0.0), row(2, 0.005, same_seed_identical=1.0),
+            row(3, 0.5, cells=1), row(4, 0.3, drafting_share=float("nan"))]  # NaN: the engine reports no counts
+    kept, left_out = audit.speculation_tests(rows)
+    assert [r["prompt"] for r in kept] == [0, 4]
+    assert left_out == ["T=1, prompt 1: nothing drafted", "T=1, prompt 2: identical to off seed for seed",
+                        "T=1, prompt 3: one cell"]
+    # an engine whose speculation wrote the off-samples seed for seed is not called lossy by a seed-set difference
+    seedwise = [row(i, 0.001, same_seed_identical=1.0) for i in range(3)]
+    kept, left_out = audit.speculation_tests(seedwise)
+    v = verdicts.engine_audit([r["p_value"] for r in kept], float("nan"), 0, 0, compared=8, left_out=left_out)
+    assert v.label == "lossless at this power" and "3 left out" in v.reason
+    # the same rejections where speculation did change the draw: contrary
+    kept, left_out = audit.speculation_tests([row(i, 0.001) for i in range(3)])
+    v = verdicts.engine_audit([r["p_value"] for r in kept], 0.2, 0, 0, compared=8, left_out=left_out)
+    assert v.label == "differs: not explained by numerics"
+    # too few same-seed pairs to call them identical: kept
+    assert len(audit.speculation_tests([row(0, 0.001, same_seed_identical=1.0, same_seed_pairs=5)])[0]) == 1

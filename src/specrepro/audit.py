@@ -458,12 +458,35 @@ def main(argv: list[str] | None = None) -> int:
                            power_replicates=args.power_replicates)
         report |= out
         spec = [r for r in out["concurrency"] if r["speculation"] != "off"]
-        v = engine_audit([r["p_value"] for r in out["distribution"]],
-                         max(r["detectable_shift"] for r in out["distribution"]), 0,
-                         sum(r["unclassified"] + r["other"] for r in spec), compared=sum(r["prompts"] for r in spec))
+        tests, left_out = speculation_tests(out["distribution"])
+        shift = max((r["detectable_shift"] for r in tests), default=float("nan"))
+        v = engine_audit([r["p_value"] for r in tests], shift, 0, sum(r["unclassified"] + r["other"] for r in spec),
+                         compared=sum(r["prompts"] for r in spec), left_out=left_out)
         report["verdict"] = dict(label=v.label, reason=v.reason)
     print(json.dumps(report, indent=2, default=str))
     return 0
+
+
+def speculation_tests(rows: list[dict], *, min_pairs: int = 20) -> tuple[list[dict], list[str]]:
+    """The distribution tests (`audit_engine`'s "distribution" rows) that can speak about speculation, and why each
+    other one cannot. A test is left out where (1) its samples pooled into one cell (it tests nothing), (2) the
+    engine reported drafting nothing in any on-sample (speculation never ran: on and off are the same decoding), or
+    (3) every one of at least `min_pairs` same-seed pairs was identical: speculation then wrote the off-sample seed
+    for seed, so the on- and off-distributions are one function of the seed, and the disjoint-seed test compares
+    two sets of seeds, not speculation against none."""
+    kept, left_out = [], []
+    for r in rows:
+        where = f"{r.get('setting')}, prompt {r.get('prompt')}"
+        share = r.get("drafting_share")
+        if r["cells"] < 2:
+            left_out.append(f"{where}: one cell")
+        elif share is not None and share == share and share == 0:
+            left_out.append(f"{where}: nothing drafted")
+        elif r.get("same_seed_pairs", 0) >= min_pairs and r.get("same_seed_identical") == 1.0:
+            left_out.append(f"{where}: identical to off seed for seed")
+        else:
+            kept.append(r)
+    return kept, left_out
 
 
 DEFAULT_PROMPTS = [

@@ -344,12 +344,13 @@ def regime(step_x_floor: Mapping[str, float], verify_steps: Mapping[str, float],
 
 
 def engine_audit(p_values: Sequence[float], detectable_shift: float, near_ties: int, other_divergences: int,
-                 *, compared: int, alpha: float = 0.05) -> Verdict:
+                 *, compared: int, alpha: float = 0.05, left_out: Sequence[str] = ()) -> Verdict:
     """An engine's speculative decoding (`specrepro.audit`): is it lossless? `p_values`: the distribution tests of
     speculation on against off (one per prompt and setting, Bonferroni-corrected here); `detectable_shift`: the
     largest over them of the total-variation shift each detects at 80% power; `near_ties` / `other_divergences`:
     greedy outputs (speculation on, alone or concurrent) that differ from the reference, classified by the
-    reference's logit gap at the first divergence; `compared`: greedy outputs compared.
+    reference's logit gap at the first divergence; `compared`: greedy outputs compared; `left_out`: the tests that
+    could not speak about speculation and why (`audit.speculation_tests`), named in the reason.
 
     differs: not explained by numerics: a distribution test rejects, or a greedy output diverges where the
     reference's top two logits are not tied; differs: near-ties only: every divergence is at a near-tie;
@@ -360,10 +361,13 @@ def engine_audit(p_values: Sequence[float], detectable_shift: float, near_ties: 
     k = max(1, len(ps))
     rejected = [p for p in ps if p * k < alpha]
     smallest = min(ps) if ps else float("nan")
-    facts = dict(tests=len(ps), rejected=len(rejected), smallest_p=smallest, detectable_shift=detectable_shift,
+    facts = dict(tests=len(ps), left_out=len(left_out),
+                 rejected=len(rejected), smallest_p=smallest, detectable_shift=detectable_shift,
                  near_ties=near_ties, other_divergences=other_divergences, compared=compared)
     dist = (f"{len(rejected)} of {len(ps)} distribution tests reject at {alpha} (Bonferroni; smallest p "
             f"{smallest:.3g})" if ps else "no distribution test ran")
+    if left_out:
+        dist += f" ({len(left_out)} left out: {'; '.join(left_out)})"
     greedy = (f"{near_ties + other_divergences} of {compared} greedy outputs diverge ({near_ties} at near-ties, "
               f"{other_divergences} elsewhere)")
     if rejected or other_divergences:
