@@ -425,8 +425,6 @@ def main(argv: list[str] | None = None) -> int:
     --baseline-url (without it, only what one server can show: greedy equivalence under concurrency)."""
     import argparse
 
-    from .verdicts import engine_audit
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--url", required=True, help="the server with speculative decoding on")
     ap.add_argument("--baseline-url", help="the same model with speculation off: the distribution and speed "
@@ -457,11 +455,7 @@ def main(argv: list[str] | None = None) -> int:
                            prompts=prompts, max_tokens=args.max_tokens, levels=args.concurrency,
                            power_replicates=args.power_replicates)
         report |= out
-        spec = [r for r in out["concurrency"] if r["speculation"] != "off"]
-        tests, left_out = speculation_tests(out["distribution"])
-        shift = max((r["detectable_shift"] for r in tests), default=float("nan"))
-        v = engine_audit([r["p_value"] for r in tests], shift, 0, sum(r["unclassified"] + r["other"] for r in spec),
-                         compared=sum(r["prompts"] for r in spec), left_out=left_out)
+        v = audit_verdict(out["distribution"], out["concurrency"])
         report["verdict"] = dict(label=v.label, reason=v.reason)
     print(json.dumps(report, indent=2, default=str))
     return 0
@@ -477,16 +471,29 @@ def speculation_tests(rows: list[dict], *, min_pairs: int = 20) -> tuple[list[di
     kept, left_out = [], []
     for r in rows:
         where = f"{r.get('setting')}, prompt {r.get('prompt')}"
-        share = r.get("drafting_share")
         if r["cells"] < 2:
             left_out.append(f"{where}: one cell")
-        elif share is not None and share == share and share == 0:
+        elif r.get("drafting_share") == 0:  # None or NaN: the engine reports no drafted counts
             left_out.append(f"{where}: nothing drafted")
         elif r.get("same_seed_pairs", 0) >= min_pairs and r.get("same_seed_identical") == 1.0:
             left_out.append(f"{where}: identical to off seed for seed")
         else:
             kept.append(r)
     return kept, left_out
+
+
+def audit_verdict(distribution: list[dict], concurrency: list[dict]):
+    """`verdicts.engine_audit` for one engine and mode from `audit_engine`'s rows: the distribution tests that can
+    speak about speculation (`speculation_tests`), and every greedy comparison with speculation on (alone against
+    off, and under concurrency against alone)."""
+    from .verdicts import engine_audit
+
+    tests, left_out = speculation_tests(distribution)
+    spec = [r for r in concurrency if r["speculation"] != "off"]
+    return engine_audit([r["p_value"] for r in tests],
+                        max((r["detectable_shift"] for r in tests), default=float("nan")),
+                        sum(r["near_ties"] for r in spec), sum(r["other"] + r["unclassified"] for r in spec),
+                        compared=sum(r["prompts"] for r in spec), left_out=left_out)
 
 
 DEFAULT_PROMPTS = [

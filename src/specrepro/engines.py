@@ -186,6 +186,17 @@ def exported(model, tokenizer, name: str, *, pin: SourcePin = LLAMA_CPP) -> Path
     return folder
 
 
+def runnable(tool: str, executable: Path | None, model: Path) -> Path:
+    """The binary of `tool` (`executable`, or the built one) once it and the GGUF `model` are known to exist;
+    otherwise `EngineUnavailable` saying what to run."""
+    exe = Path(executable or binary(tool))
+    if not exe.exists():
+        raise EngineUnavailable(f"{tool} is not built: run `make llama-cpp` (or specrepro.engines.build())")
+    if not Path(model).exists():
+        raise EngineUnavailable(f"{model} does not exist: convert a model with specrepro.engines.gguf()")
+    return exe
+
+
 def _die_with_parent() -> None:
     """In the server's process before exec (Linux): SIGKILL it when the process that started it dies, so a client
     killed without running its `finally` blocks (SIGTERM, SIGKILL, a crashed kernel) leaves no server behind."""
@@ -235,10 +246,7 @@ class LlamaServer:
                 "-np", str(self.parallel), "--no-webui", *self.spec, *self.extra]
 
     def __enter__(self) -> LlamaServer:
-        if not Path(self.executable or binary("llama-server")).exists():
-            raise EngineUnavailable("llama-server is not built: run `make llama-cpp` (or specrepro.engines.build())")
-        if not Path(self.model).exists():
-            raise EngineUnavailable(f"{self.model} does not exist: convert a model with specrepro.engines.gguf()")
+        runnable("llama-server", self.executable, self.model)
         self._bound = self.port or free_port()
         self._log = Path(self.log_path or home() / "logs" / f"server-{self._bound}.log")
         self._log.parent.mkdir(parents=True, exist_ok=True)
@@ -343,11 +351,7 @@ def bench(model: Path, tokens=range(1, 10), *, depth: int = 256, decode_tokens: 
 
     Unlike a verification, llama-bench's forward computes the output layer for the last of its k tokens only, so
     its k-token curve is a lower bound on what a k-token verification costs llama.cpp."""
-    exe = Path(executable or binary("llama-bench"))
-    if not exe.exists():
-        raise EngineUnavailable("llama-bench is not built: run `make llama-cpp` (or specrepro.engines.build())")
-    if not Path(model).exists():
-        raise EngineUnavailable(f"{model} does not exist: convert a model with specrepro.engines.gguf()")
+    exe = runnable("llama-bench", executable, model)
     tokens = [int(k) for k in tokens]
     if not tokens or min(tokens) < 1:
         raise ValueError(f"tokens must be a non-empty list of positive widths, got {tokens}")
