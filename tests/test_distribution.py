@@ -179,7 +179,7 @@ def test_ragged_batches_sample_each_prompts_distribution_and_catch_a_planted_bug
     target, draft = tiny_target(16, seed=3, dtype=torch.float64), tiny_draft(16, seed=4, dtype=torch.float64)
     prompts = [[1, 5, 2], [7, 3, 3, 9, 4, 1], [2]]
     cfg = SamplingConfig(1.0, top_k=3)
-    got = sample_ragged(target, draft, prompts, method="speculative", n_tokens=2, n_samples=3000, cfg=cfg,
+    got, _ = sample_ragged(target, draft, prompts, method="speculative", n_tokens=2, n_samples=3000, cfg=cfg,
                         generator=torch.Generator().manual_seed(0), gamma=2, batch_rows=48)
     assert [a.shape for a in got] == [(3000, 2)] * 3
     for p, samples in zip(prompts, got):
@@ -189,6 +189,50 @@ def test_ragged_batches_sample_each_prompts_distribution_and_catch_a_planted_bug
     assert gof_sparse(np.array([[15, 15]] + [list(next(iter(exact)))] * 99), exact).impossible == 1
     wrong = np.array([list(k) for k in exact for _ in range(200)])  # every continuation equally often
     assert gof_sparse(wrong, exact).rejects(FALSE_ALARM)
+
+
+@pytest.mark.parametrize("feature", [False, True])
+def test_shared_prompts_are_computed_once_and_sample_the_same_distribution(feature):
+    from specrepro.distribution import SharedPromptTarget, exact_joint_sparse, gof_sparse, sample_ragged
+    from specrepro.generate import decode, left_pad, pooled_alpha
+    from specrepro.tiny import tiny_draft, tiny_feature_draft, tiny_target
+
+    target = tiny_target(16, seed=3, dtype=torch.float64)
+    draft = tiny_feature_draft(target) if feature else tiny_draft(16, seed=4, dtype=torch.float64)
+    prompts = [[1, 5, 2, 8, 8, 3], [7, 3, 9]]
+    greedy = SamplingConfig(0.0)
+    for rows in ([prompts[0]] * 5, [prompts[0], prompts[1], prompts[0], prompts[1], prompts[1]]):
+        ids, mask = left_pad(rows, 0)
+        plain = decode(target, draft, ids, mask, gamma=2, max_new_tokens=6, cfg=greedy, pad_token_id=0)
+        shared = decode(target, draft, ids, mask, gamma=2, max_new_tokens=6, cfg=greedy, pad_token_id=0,
+                        cached_model=SharedPromptTarget, check_invariants=True)
+        assert torch.equal(plain.sequences, shared.sequences)
+        # the distinct prompts once (the longest less the block whose logits are asked), then every row's rest
+        first, rest = shared.stats.target_forwards[:2]
+        assert first[1] == 0 and first[0] < len(prompts[0]) and rest[1] == first[0]
+        assert first[0] + rest[0] == plain.stats.target_forwards[0][0]
+    cfg = SamplingConfig(1.0, top_k=3)
+    for one_prompt_a_batch in (True, False):
+        got, stats = sample_ragged(target, draft, prompts, method="speculative", n_tokens=3, n_samples=1500, cfg=cfg,
+                            generator=torch.Generator().manual_seed(1), gamma=2, batch_rows=50,
+                            shared_prompt=one_prompt_a_batch)
+        assert [a.shape for a in got] == [(1500, 3)] * 2 and [len(s) for s in stats] == [1500] * 2
+        assert 0 < pooled_alpha(stats[0]) < 1  # drafts were proposed, some accepted and some rejected
+        for p, samples in zip(prompts, got):
+            exact = exact_joint_sparse(target, torch.tensor([p]), 3, cfg)
+            assert not gof_sparse(samples, exact).rejects(FALSE_ALARM)
+
+
+def test_a_planted_bug_in_the_shared_prompt_sampler_is_rejected():
+    from specrepro.distribution import exact_joint_sparse, gof_sparse, planted_bug, sample_ragged
+    from specrepro.tiny import tiny_draft, tiny_target
+
+    target, draft = tiny_target(16, seed=3, dtype=torch.float64), tiny_draft(16, seed=4, dtype=torch.float64)
+    steps, cfg = planted_bug("reseed-generator-every-draw", SamplingConfig(1.0, top_k=3))
+    [samples], _ = sample_ragged(target, draft, [[1, 5, 2]], method="speculative", n_tokens=2, n_samples=3000,
+                              cfg=cfg, generator=torch.Generator().manual_seed(0), gamma=2, batch_rows=100,
+                              shared_prompt=True, steps=steps)
+    assert gof_sparse(samples, exact_joint_sparse(target, torch.tensor([[1, 5, 2]]), 2, cfg)).rejects(FALSE_ALARM)
 
 
 @pytest.mark.slow
@@ -209,9 +253,22 @@ def test_the_real_pair_samples_the_targets_first_tokens(draft_name):
     draft = models.load_draft(draft_name, target=target)
     prompts = [tok(p).input_ids for p in ("def add(a, b):\n    return", "for i in range(3):\n    for i in")]
     cfg = SamplingConfig(2.0, top_k=4)  # flattened, so that 240 samples fill the 16 cells
-    got = sample_ragged(target, draft, prompts, method="speculative", n_tokens=2, n_samples=240, cfg=cfg,
+    got, _ = sample_ragged(target, draft, prompts, method="speculative", n_tokens=2, n_samples=240, cfg=cfg,
                         generator=torch.Generator().manual_seed(0), gamma=3, batch_rows=96,
                         pad_token_id=tok.pad_token_id or 0)
     for p, samples in zip(prompts, got):
         result = gof_sparse(samples, exact_joint_sparse(target, torch.tensor([p]), 2, cfg))
         assert result.impossible == 0 and not result.rejects(FALSE_ALARM), (draft_name, result)
+
+
+def test_the_detectable_error_shrinks_with_the_sample_and_is_detected_at_that_size():
+    from specrepro.distribution import detectable_tv, rejection_rate
+
+    exact = np.array([0.4, 0.3, 0.2, 0.05, 0.05])
+    small, large = (detectable_tv(exact, n, false_alarm=FALSE_ALARM, reps=300) for n in (500, 5000))
+    assert 0 < large < small < 0.6
+    moved = exact * (1 - large / 0.6)
+    moved[0] = 0.4 + large
+    assert rejection_rate(moved, exact, n_samples=5000, false_alarm=FALSE_ALARM, reps=300) >= 0.8
+    assert rejection_rate(exact, exact, n_samples=5000, false_alarm=FALSE_ALARM, reps=300) < 0.02
+    assert np.isnan(detectable_tv({(1,): 1.0}, 100, false_alarm=FALSE_ALARM))  # one continuation: nothing to move

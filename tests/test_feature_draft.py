@@ -2,6 +2,8 @@
 (greedy equality, the exact joint distribution, the planted bugs, batched rows equal to each row alone) run on a
 tiny random one over the tiny Llama target, plus what is particular to it (features in, drafted states out)."""
 
+import copy
+
 import pytest
 import torch
 
@@ -202,7 +204,8 @@ def test_feature_draft_training_lowers_the_loss_on_tiny_data(pair64, regress):
     cfg = FeatureDraftConfig(feature_layers=(2,) if regress else (0, 2), keep=V - 1, depth=2, holdout=5,
                              regress=regress,
                              train=TrainConfig(epochs=30, batch_rows=4, lr=1e-2, warmup_steps=2, log_every=1000))
-    draft, fields = train(target.float(), labels, cfg, log=lambda _: None, cache_features=False)
+    # a float32 copy: .float() on the session's float64 pair would turn it float32 for every later test
+    draft, fields = train(copy.deepcopy(target).float(), labels, cfg, log=lambda _: None, cache_features=False)
     first, last = fields["history"][0], fields["history"][-1]
     assert last["heldout_loss"] < first["heldout_loss"]
     assert len(last["heldout_top1_agreement_by_depth"]) == 2

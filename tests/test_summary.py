@@ -48,6 +48,20 @@ def test_a_notebook_that_has_not_run_is_reported_as_such(tmp_path):
     assert summary.table1_beside_chen({}).source.str.startswith("Chen").all()  # theirs alone
 
 
+def test_the_distribution_row_fails_when_the_real_pair_rejects(tmp_path):
+    folder = tmp_path / "01-distribution"
+    folder.mkdir()
+    real = dict(drafts=["prompt-lookup"], n_tokens=3, prompts=["a", "b", "c"], n_samples=3000, tests=6,
+                min_p_value=0.3, outside_support=0, detectable_tv=[0.03, 0.05], bug_rejected=3, bug_tests=3)
+    metrics = {"p_values": {"a": 0.5}, "min_p_value": 0.5, "n_samples": 100, "false_alarm": 0.001,
+               "weakest_power": {"power": 0.95}, "real_pair": real}
+    for change, verdict in (({}, "reproduces"), ({"min_p_value": 1e-5}, "does not reproduce: a test on the real "
+                                                  "pair rejected"), ({"outside_support": 2}, "does not reproduce")):
+        (folder / "metrics.json").write_text(json.dumps(metrics | {"real_pair": real | change}))
+        row = summary.summary_table(summary.results(tmp_path)).set_index("claim").loc["distribution"]
+        assert row.verdict.startswith(verdict) and "6 tests" in row.ours and "0.03-0.05" in row.ours
+
+
 def test_draft_size_reads_the_ladder_sweep_when_it_ran(tmp_path):
     import pandas as pd
 

@@ -117,7 +117,10 @@ def compiles(model) -> bool:
 
 class StaticCachedModel(CachedModel):
     """`CachedModel` (the loop's cache bookkeeping) on a static cache, with compiled forwards of width 1 and
-    `block`. Batch 1 only: a batch's rows grow raggedly, which needs per-row masks (`CachedModel`)."""
+    `block`. Batch 1 only: a batch's rows grow raggedly, which needs per-row masks (`CachedModel`). It keeps no
+    hidden states, so a draft that reads the target's features cannot run on it."""
+
+    keeps_features = False
 
     def __init__(self, model, who: str, log_: list[tuple[int, int]], rows: int = 1, *, block: int, slots: int,
                  mode: str):

@@ -8,6 +8,7 @@ against with Pearson's chi-squared test.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from dataclasses import dataclass
@@ -17,8 +18,9 @@ import numpy as np
 import torch
 from scipy import stats as sps
 
-from .generate import Steps, accept, decode, draw_uniforms, left_pad, propose
+from .generate import GenerationStats, Steps, accept, decode, draw_uniforms, left_pad, propose
 from .intervals import proportion
+from .kvcache import CachedModel, left_padded, make_cache, model_forward
 from .sampling import SamplingConfig, probs_from_logits, sample_from, speculative_accept
 
 
@@ -46,22 +48,33 @@ def exact_joint_distribution(model, input_ids: torch.Tensor, n_tokens: int, cfg:
 def exact_joint_sparse(model, input_ids: torch.Tensor, n_tokens: int, cfg: SamplingConfig, *,
                        max_cells: int = 200_000, chunk: int = 64) -> dict[tuple[int, ...], float]:
     """P(x_1..x_n | prompt) under the warped target distribution for a real vocabulary: only the continuations of
-    nonzero probability, which top-k or top-p keep few ({continuation: probability}, summing to 1). Each level scores
-    the surviving prefixes by full forwards without a KV cache (the reference graph), `chunk` rows at a time."""
+    nonzero probability, which top-k or top-p keep few ({continuation: probability}, summing to 1).
+
+    The prompt but its last token is computed once, into a KV cache; each level then scores the surviving prefixes,
+    `chunk` rows at a time, by one forward of the prompt's last token and the prefix over a copy of that cache (no
+    other cache: a prefix's tokens are always computed together, as a block)."""
     if input_ids.shape[0] != 1:
         raise ValueError("exact_joint_sparse takes one prompt, shape (1, L)")
     if cfg.temperature <= 0:
         raise ValueError("greedy decoding has one continuation; the joint distribution is for sampling")
     device = next(model.parameters()).device
     prompt = input_ids[0].tolist()
+    head = make_cache(model)
+    if len(prompt) > 1:
+        with torch.no_grad():
+            model_forward(model, torch.tensor([prompt[:-1]], device=device), head)
     support: dict[tuple[int, ...], float] = {(): 1.0}
     for _ in range(n_tokens):
         keys, new = list(support), {}
         for start in range(0, len(keys), chunk):
             part = keys[start:start + chunk]
-            ids = torch.tensor([prompt + list(k) for k in part], device=device)
+            cache = copy.deepcopy(head)
+            if len(prompt) > 1:
+                cache.batch_repeat_interleave(len(part))
+            ids = torch.tensor([prompt[-1:] + list(k) for k in part], device=device)
             with torch.no_grad():
-                probs = probs_from_logits(model(input_ids=ids).logits[:, -1], cfg).double().cpu()
+                logits = model_forward(model, ids, cache, logits_to_keep=1).logits[:, -1]
+            probs = probs_from_logits(logits, cfg).double().cpu()
             for key, row in zip(part, probs):
                 for t in torch.nonzero(row).flatten().tolist():
                     new[key + (t,)] = support[key] * float(row[t])
@@ -83,27 +96,74 @@ def gof_sparse(samples: np.ndarray, exact: dict[tuple[int, ...], float], min_exp
     return chisquare_gof(counts, probs / probs.sum(), min_expected)
 
 
+class SharedPromptTarget(CachedModel):
+    """The target's cache bookkeeping for a batch in which many rows hold the same prompt (`sample_ragged`): its
+    first forward computes each distinct prompt once (the distinct prompts left-padded into one small batch),
+    copies each one's cache slots and slot mask to the rows that hold it, and then feeds every row the rest of its
+    first block (the prompt's last tokens and its drafts) as `CachedModel.feed` does. For a sampling study this is
+    most of the work saved: the prompt is the long part of a row that samples a few tokens. The rows of the batch
+    still grow raggedly, with their own masks and positions; every later forward is `CachedModel.feed` unchanged,
+    and so is a first forward that would share nothing."""
+
+    @torch.no_grad()
+    def feed(self, new, n_logits, pad_mask=None, features=None):
+        cut = [len(row) - n_logits for row in new]  # a row's prefix: all but the positions whose logits are asked
+        heads = [tuple(row[:c]) for row, c in zip(new, cut)]
+        distinct = list(dict.fromkeys(heads))
+        if (self.who != "target" or any(self.fed) or pad_mask is not None or features is not None
+                or min(cut) < 1 or len(distinct) == len(new) or not hasattr(self.cache, "batch_select_indices")):
+            return super().feed(new, n_logits, pad_mask, features)
+        one = CachedModel(self.model, self.who, self.log, rows=len(distinct))
+        one.hidden_layers = self.hidden_layers
+        one.feed([list(h) for h in distinct], 1)
+        index = [distinct.index(h) for h in heads]
+        self.cache = one.cache
+        self.cache.batch_select_indices(torch.tensor(index, device=self.device))  # repeated rows: copies
+        self.mask = one.mask[index] if one.mask is not None else None
+        self.fed = [len(h) for h in heads]
+        logits = super().feed([row[c:] for row, c in zip(new, cut)], n_logits)
+        if self.hidden_layers:  # each row's states at every position it was fed, as one forward of its block
+            width = one.features.shape[1]  # the rest is n_logits wide in every row
+            rows = [torch.cat([one.features[u, width - c:], self.features[b]])
+                    for b, (u, c) in enumerate(zip(index, cut))]
+            self.features = left_padded(rows, max(len(row) for row in new))
+        return logits
+
+
 def sample_ragged(target, draft, prompts: list[list[int]], *, method: str, n_tokens: int, n_samples: int,
                   cfg: SamplingConfig, generator: torch.Generator, gamma: int = 1, batch_rows: int = 8,
-                  pad_token_id: int = 0) -> list[np.ndarray]:
-    """`n_samples` continuations of each prompt, drawn inside left-padded batches of `batch_rows` rows that cycle
-    through the prompts (so rows of different lengths decode together): the batched loop's samples, prompt by
-    prompt, as (n_samples, n_tokens) arrays."""
+                  pad_token_id: int = 0, shared_prompt: bool = False, share_prompts: bool = True,
+                  steps: Steps | None = None
+                  ) -> tuple[list[np.ndarray], list[list[GenerationStats]]]:
+    """`n_samples` continuations of each prompt, drawn by the batched loop (`generate.decode`): per prompt an
+    (n_samples, n_tokens) array of token ids, and the `GenerationStats` of the rows that drew them (what they
+    proposed and accepted: `generate.pooled_alpha`).
+
+    By default each batch of `batch_rows` rows cycles through the prompts, so rows of different lengths decode
+    together (left-padded); `shared_prompt` fills each batch with one prompt instead. Either way the target
+    computes each distinct prompt of a batch once (`SharedPromptTarget`; `share_prompts=False` computes every row's,
+    as generation does). `steps` swaps the loop's step functions (a planted bug of `planted_bug`)."""
     if method not in ("autoregressive", "speculative") or not prompts or batch_rows < 1:
         raise ValueError("need method 'autoregressive' or 'speculative', at least one prompt and batch_rows >= 1")
     d = draft if method == "speculative" else None
     out: list[list[np.ndarray]] = [[] for _ in prompts]
+    stats: list[list[GenerationStats]] = [[] for _ in prompts]
     i = 0
     while min(sum(len(a) for a in got) for got in out) < n_samples:
-        which = [(i + r) % len(prompts) for r in range(batch_rows)]
-        i += batch_rows
+        if shared_prompt:
+            which = [min(range(len(prompts)), key=lambda w: sum(len(a) for a in out[w]))] * batch_rows
+        else:
+            which = [(i + r) % len(prompts) for r in range(batch_rows)]
+            i += batch_rows
         ids, mask = left_pad([prompts[w] for w in which], pad_token_id)
         r = decode(target, d, ids, mask, gamma=gamma if d is not None else 0, max_new_tokens=n_tokens, cfg=cfg,
-                   generator=generator, pad_token_id=pad_token_id)
+                   generator=generator, pad_token_id=pad_token_id, steps=steps,
+                   cached_model=SharedPromptTarget if share_prompts else CachedModel)
         new = r.sequences[:, ids.shape[1]:].numpy()
         for row, w in enumerate(which):
             out[w].append(new[row:row + 1])
-    return [np.concatenate(got)[:n_samples] for got in out]
+            stats[w].append(r.rows[row])
+    return [np.concatenate(got)[:n_samples] for got in out], [s[:n_samples] for s in stats]
 
 
 def counts_of(samples: np.ndarray | list, vocab_size: int) -> np.ndarray:
@@ -250,6 +310,34 @@ def rejection_rate(sampler_probs: np.ndarray, exact: np.ndarray, *, n_samples: i
     probs = np.asarray(sampler_probs, dtype=np.float64).ravel()
     counts = rng.multinomial(n_samples, probs / probs.sum(), size=reps)
     return float(np.mean([chisquare_gof(c, exact).rejects(false_alarm) for c in counts]))
+
+
+def detectable_tv(exact: np.ndarray | dict, n_samples: int, *, false_alarm: float, target_power: float = 0.8,
+                  reps: int = 200, seed: int = 0) -> float:
+    """The smallest total-variation error `chisquare_gof` detects with `target_power` at `n_samples` samples, by
+    simulation (`rejection_rate`, bisection to about 0.002): the error moves that much probability onto the most
+    likely continuation from the others in proportion, the way a sampler that leans toward the draft's or the
+    target's argmax errs. `exact`: probabilities over the cells, or `exact_joint_sparse`'s dict. NaN if even
+    moving all the other mass is not detected."""
+    probs = np.fromiter(exact.values(), dtype=np.float64) if isinstance(exact, dict) else np.ravel(exact)
+    probs = probs / probs.sum()
+    top = int(probs.argmax())
+
+    def moved(tv: float) -> np.ndarray:
+        out = probs * (1 - tv / (1 - probs[top]))
+        out[top] = probs[top] + tv
+        return out
+
+    def power(tv: float) -> float:
+        return rejection_rate(moved(tv), probs, n_samples=n_samples, false_alarm=false_alarm, reps=reps, seed=seed)
+
+    lo, hi = 0.0, float(1 - probs[top])
+    if hi <= 0 or power(hi) < target_power:
+        return float("nan")
+    while hi - lo > 0.002:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if power(mid) >= target_power else (mid, hi)
+    return hi
 
 
 @dataclass(frozen=True)

@@ -342,7 +342,7 @@ def decode(target, draft, input_ids: torch.Tensor, attention_mask: torch.Tensor 
     layers = feature_layers(draft) if draft is not None else ()
     feats: list[torch.Tensor] | None = None  # per row: the target's features at positions 0 .. len - 2
     if layers:
-        if type(tgt).feed is not CachedModel.feed:
+        if not tgt.keeps_features:
             raise ValueError("this draft reads the target's features, which the compiled path does not keep: "
                              "use compile=False")
         tgt.hidden_layers = layers

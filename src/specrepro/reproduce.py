@@ -35,7 +35,8 @@ from .pipeline import RUN_RECORD, NotebookFailed, declared_parameters, inputs_ke
 # Reduced parameters of `make reproduce-quick`, per notebook: every section runs, on fewer prompts and points.
 QUICK: dict[str, dict[str, Any]] = {
     "00-train-drafts": dict(eval_prompts=4, eval_tokens=16, timing_tokens=8),
-    "01-distribution": dict(n_samples=4000, power_sizes=[100, 500], power_pool=2000, power_pool_max=2000, min_reps=2),
+    "01-distribution": dict(n_samples=4000, power_sizes=[100, 500], power_pool=2000, power_pool_max=2000, min_reps=2,
+                            real_samples=500),
     "02-arithmetic-ops": dict(gammas=[1, 2, 4], count_gammas=[1, 4], n_prompts=2, max_new_tokens=24,
                               timing_repeats=3),
     "03-latency": dict(n_prompts=3, code_tokens=48, text_tokens=32, gammas=[1, 3, 5], sweep_prompts=2,
