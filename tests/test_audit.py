@@ -127,6 +127,14 @@ def test_the_audit_passes_our_speculative_sampling_and_fails_a_planted_bug(pair6
     assert sum(x.drafted for x in b) > 0 and all(x.drafted == 0 for x in a)
     assert audit.homogeneity(keys(a), keys(b)).p_value > 0.01
     assert audit.homogeneity(keys(a), keys(c)).p_value < 1e-3
+    # the same samples against the target's exact probabilities: both correct samplers pass, the bug fails
+    exact = audit.exact_distribution(target, prompt, 2, cfg)
+    assert len(exact) == 64 and audit.exact_distribution(target, "text", 2, cfg) is None
+    ok_a, ok_b, bug = (audit.exact_test(x, exact) for x in (a, b, c))
+    assert ok_a["p_value"] > 1e-3 and ok_b["p_value"] > 1e-3 and bug["p_value"] < 1e-3
+    assert ok_a["outside_support"] == 0
+    short = [audit.Completion(text="", ids=(1,), tokens=("1",), seconds=0.0, completion_tokens=1)]
+    assert np.isnan(audit.exact_test(short, exact)["p_value"]) and np.isnan(audit.exact_test(a, None)["p_value"])
 
 
 def test_our_server_repeats_a_seed_honours_top_k_and_serves_greedy_alike_alone_and_concurrently(pair64):

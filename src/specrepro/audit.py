@@ -9,7 +9,10 @@ implementation problem") asked of a real engine, through its HTTP API alone, so 
    on the two samples' counts (sequences seen fewer than 5 times expected pooled), so the engine's own numerics
    cancel. `detectable_shift` gives the design's power: the smallest total-variation shift of the reference
    distribution (mass moved onto its most likely sequence, as a sampler that over-accepts the draft would) the test
-   detects at 80%, by simulation at the sample sizes used.
+   detects at 80%, by simulation at the sample sizes used. Where the audit holds the engine's weights (`target`)
+   and the prompt as token ids, each side is also tested against the target's exact probabilities of those
+   sequences (`exact_test`, `distribution.exact_joint_sparse`): the off-side tells whether the engine's own
+   sampler draws the target's warped distribution at all, the on-side whether speculation keeps it.
 2. **Equivalence under concurrency** (`greedy`, `compare_outputs`): greedy outputs of prompts sent one at a time and
    then `concurrency` at once (the server batches them: continuous batching, Zhang et al. 2025, arXiv
    2510.22876); exact and prefix match against the one-at-a-time outputs. The same with speculation off is the
@@ -34,7 +37,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 import numpy as np
+import torch
 
+from .distribution import exact_joint_sparse, gof_sparse
 from .sampling import SamplingConfig
 
 MAX_TOKENS = 1024
@@ -229,6 +234,37 @@ def empirical(samples: list) -> tuple[list, np.ndarray]:
     return keys, f / f.sum()
 
 
+def exact_test(samples: list[Completion], exact: dict[tuple[int, ...], float] | None) -> dict:
+    """A side's samples against the target's exact probabilities (`distribution.gof_sparse`): p-value, total
+    variation and samples outside the exact support; NaNs where there is nothing exact to compare with (no exact
+    distribution, a sample without token ids or shorter than the others: it stopped early)."""
+    n = len(next(iter(exact))) if exact else 0
+    if not exact or any(x.ids is None or len(x.ids) != n for x in samples):
+        return dict(p_value=float("nan"), total_variation=float("nan"), outside_support=float("nan"))
+    g = gof_sparse(np.array([x.ids for x in samples]), exact)
+    return dict(p_value=g.p_value, total_variation=g.total_variation, outside_support=g.impossible)
+
+
+_EXACT: dict[tuple, tuple] = {}  # exact_distribution's results, with the model they came from (its id stays its own)
+
+
+def exact_distribution(target, prompt, n_tokens: int, cfg: SamplingConfig, max_cells: int = 50_000
+                       ) -> dict[tuple[int, ...], float] | None:
+    """`distribution.exact_joint_sparse` of a prompt given as token ids, None where the prompt is text or the
+    continuations of nonzero probability are more than `max_cells`. Kept for the process: every engine and mode
+    of an audit asks for the same ones."""
+    if target is None or not isinstance(prompt, list):
+        return None
+    key = (id(target), tuple(prompt), n_tokens, cfg, max_cells)
+    if key not in _EXACT:
+        try:
+            got = exact_joint_sparse(target, torch.tensor([prompt]), n_tokens, cfg, max_cells=max_cells)
+        except ValueError:
+            got = None
+        _EXACT[key] = (target, got)
+    return _EXACT[key][1]
+
+
 # ---- 2. greedy equivalence under concurrency ------------------------------------------------------------------
 
 
@@ -391,6 +427,9 @@ def audit_engine(on, off, *, engine: str, mode: str, sample_prompts: list, setti
     for (name, i), a in off_samples.items():
         b = on_samples[name, i]
         h = homogeneity([x.key for x in a], [x.key for x in b])
+        exact = exact_distribution(target, sample_prompts[i], n_tokens, settings[name])
+        vs_exact = {f"exact_{k}_{side}": v for side, x in (("off", a), ("on", b))
+                    for k, v in exact_test(x, exact).items()}
         drafted = [x.drafted for x in b]
         distribution.append(labels | dict(setting=name, prompt=i, **asdict(h), detectable_shift=detectable_shift(
             empirical([x.key for x in a])[1], h.n_a, h.n_b, replicates=power_replicates) if h.cells >= 2 else
@@ -398,7 +437,8 @@ def audit_engine(on, off, *, engine: str, mode: str, sample_prompts: list, setti
             drafting_share=float(np.mean([d > 0 for d in drafted])) if None not in drafted else float("nan"),
             drafted=sum(d or 0 for d in drafted), accepted=sum(x.accepted or 0 for x in b),
             same_seed_pairs=paired, same_seed_identical=float(np.mean([x.key == y.key for x, y in
-                                                                       zip(a[:paired], same[name, i])]))))
+                                                                       zip(a[:paired], same[name, i])])),
+            exact_continuations=len(exact) if exact else 0, **vs_exact))
     conc, div = concurrency_rows(runs, target=target, prompt_ids=prompts, speculation="on", **labels)
     conc_off, div_off = concurrency_rows(off_runs, target=target, prompt_ids=prompts, speculation="off", **labels)
     across, div_across = concurrency_rows({1: runs[1]}, reference=off_runs[1], target=target, prompt_ids=prompts,
