@@ -132,9 +132,29 @@ def test_the_audit_passes_our_speculative_sampling_and_fails_a_planted_bug(pair6
     assert len(exact) == 64 and audit.exact_distribution(target, "text", 2, cfg) is None
     ok_a, ok_b, bug = (audit.exact_test(x, exact) for x in (a, b, c))
     assert ok_a["p_value"] > 1e-3 and ok_b["p_value"] > 1e-3 and bug["p_value"] < 1e-3
-    assert ok_a["outside_support"] == 0
+    assert ok_a["outside_support"] == 0 and ok_a["tokens"] == 2
     short = [audit.Completion(text="", ids=(1,), tokens=("1",), seconds=0.0, completion_tokens=1)]
     assert np.isnan(audit.exact_test(short, exact)["p_value"]) and np.isnan(audit.exact_test(a, None)["p_value"])
+
+
+def test_exact_test_falls_back_to_the_longest_testable_prefix_and_keeps_its_verdicts():
+    # 2 first tokens x 100 second tokens, all equally likely: at 60 samples no continuation is expected 5 times
+    exact = {(a, b): 1 / 200 for a in (7, 8) for b in range(100)}
+
+    def done(ids):
+        return [audit.Completion(text="", ids=tuple(i), tokens=(), seconds=0.0, completion_tokens=2) for i in ids]
+
+    rng = np.random.default_rng(0)
+    fair = audit.exact_test(done([(int(a), int(b)) for a, b in zip(rng.choice([7, 8], 60), rng.integers(0, 100, 60))]),
+                            exact)
+    assert fair["tokens"] == 1 and fair["p_value"] > 1e-3 and fair["outside_support"] == 0
+    skewed = audit.exact_test(done([(7, int(b)) for b in rng.integers(0, 100, 60)]), exact)  # never token 8
+    assert skewed["tokens"] == 1 and skewed["p_value"] < 1e-6
+    outside = audit.exact_test(done([(7, 100)] + [(8, 1)] * 59), exact)  # (7, 100) has probability 0
+    assert outside["tokens"] == 2 and outside["p_value"] == 0 and outside["outside_support"] == 1
+    untestable = audit.exact_test(done([(7, 1)] * 3), exact)  # 3 samples: not even the first token
+    assert untestable["tokens"] == 0 and np.isnan(untestable["p_value"])
+    assert audit.exact_test([], exact)["tokens"] == 0
 
 
 def test_our_server_repeats_a_seed_honours_top_k_and_serves_greedy_alike_alone_and_concurrently(pair64):

@@ -236,13 +236,28 @@ def empirical(samples: list) -> tuple[list, np.ndarray]:
 
 def exact_test(samples: list[Completion], exact: dict[tuple[int, ...], float] | None) -> dict:
     """A side's samples against the target's exact probabilities (`distribution.gof_sparse`): p-value, total
-    variation and samples outside the exact support; NaNs where there is nothing exact to compare with (no exact
-    distribution, a sample without token ids or shorter than the others: it stopped early)."""
+    variation, samples outside the exact support, and `tokens`, the length of the prefix tested. Where the joint of
+    all the tokens cannot be tested at this sample size (no continuation, and no pool of them, is expected 5 times:
+    a spread-out setting at tens of samples), the joint of the first tokens is, the longest prefix that can be; the
+    choice depends on the exact probabilities and the sample size only, never on the samples, so the test keeps its
+    level (equal joints have equal prefixes). A sample outside the support of the whole joint rejects outright.
+    NaNs (tokens 0) where there is nothing exact to compare with (no exact distribution, a sample without token ids
+    or shorter than the others: it stopped early) or even the first token cannot be tested."""
+    nan = dict(p_value=float("nan"), total_variation=float("nan"), outside_support=float("nan"), tokens=0)
     n = len(next(iter(exact))) if exact else 0
-    if not exact or any(x.ids is None or len(x.ids) != n for x in samples):
-        return dict(p_value=float("nan"), total_variation=float("nan"), outside_support=float("nan"))
-    g = gof_sparse(np.array([x.ids for x in samples]), exact)
-    return dict(p_value=g.p_value, total_variation=g.total_variation, outside_support=g.impossible)
+    if not exact or not samples or any(x.ids is None or len(x.ids) != n for x in samples):
+        return nan
+    ids = np.array([x.ids for x in samples])
+    for k in range(n, 0, -1):
+        prefix: dict[tuple[int, ...], float] = {}
+        for key, prob in exact.items():
+            prefix[key[:k]] = prefix.get(key[:k], 0.0) + prob
+        try:
+            g = gof_sparse(ids[:, :k], prefix)
+        except ValueError:  # too few samples for this joint: try a shorter prefix
+            continue
+        return dict(p_value=g.p_value, total_variation=g.total_variation, outside_support=g.impossible, tokens=k)
+    return nan
 
 
 _EXACT: dict[tuple, tuple] = {}  # exact_distribution's results, with the model they came from (its id stays its own)
