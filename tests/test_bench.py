@@ -233,3 +233,27 @@ def test_anchor_goals_hold_only_where_ours_is_as_cheap_as_llama_cpp():
     assert not any(g["holds"] for g in missing) and all(math.isnan(g["value"]) for g in missing)
     with pytest.raises(ValueError, match="no 1-token forward"):
         bench.anchor_goals(level, "eager", llama_decode_ms=10.0)
+
+
+def test_one_stalled_first_token_call_does_not_eat_the_runs_decode_time(pair, monkeypatch):
+    """A 1 s stall in a first-token call (seen once on a text prompt) must not become that run's TTFT: the TTFT is
+    the fastest of `FIRST_TOKEN_CALLS` calls, and the whole call keeps its own time."""
+    target, draft = pair
+    real, calls = bench.timed, []
+
+    def stalling(fn, device=None):
+        secs, out = real(fn, device)
+        calls.append(secs)
+        return (secs + 1.0 if len(calls) == 1 else secs), out  # the very first call stalls
+
+    monkeypatch.setattr(bench, "timed", stalling)
+    runs = bench.run_bench(target, draft, [torch.tensor([[1, 2, 3]])], gamma=2, max_new_tokens=8, warmup=False,
+                           methods=("autoregressive",))
+    assert len(calls) == bench.FIRST_TOKEN_CALLS + 1
+    (run,) = runs
+    assert run.ttft_seconds < 1.0 and run.decode_seconds > 0
+    monkeypatch.setattr(bench, "FIRST_TOKEN_CALLS", 1)  # the old design: the stall is the TTFT, decode time < 0
+    calls.clear()
+    (old,) = bench.run_bench(target, draft, [torch.tensor([[1, 2, 3]])], gamma=2, max_new_tokens=8, warmup=False,
+                             methods=("autoregressive",))
+    assert old.ttft_seconds >= 1.0 and old.decode_seconds < 0
