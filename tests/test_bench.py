@@ -257,3 +257,21 @@ def test_one_stalled_first_token_call_does_not_eat_the_runs_decode_time(pair, mo
     (old,) = bench.run_bench(target, draft, [torch.tensor([[1, 2, 3]])], gamma=2, max_new_tokens=8, warmup=False,
                              methods=("autoregressive",))
     assert old.ttft_seconds >= 1.0 and old.decode_seconds < 0
+
+
+def test_the_cli_runs_end_to_end_and_prints_the_walltime_predictions(monkeypatch, capsys):
+    """`python -m specrepro.bench` on a tiny pair (loaders and prompts patched; the rest is the real path)."""
+    import types
+
+    from specrepro import acceptance, data, models
+
+    target, draft = tiny_pair(16, dtype=torch.float32)  # its own pair: main must not retype the shared one
+    monkeypatch.setattr(models, "load_target", lambda name, **kw: target)
+    monkeypatch.setattr(models, "load_draft", lambda name, **kw: draft)
+    monkeypatch.setattr(models, "load_tokenizer", lambda name: types.SimpleNamespace(eos_token_id=None))
+    monkeypatch.setattr(acceptance, "eval_prompts", lambda task, n, seed=0: list(range(n)))
+    monkeypatch.setattr(data, "encode_prompt", lambda tok, task, ex: torch.tensor([[1 + ex, 2, 3, 4]]))
+    assert bench.main(["--prompts", "2", "--max-new-tokens", "6", "--repeats", "1", "--kernels", "stock"]) == 0
+    out = capsys.readouterr().out
+    assert "--- kernel stock" in out and "each method at its fastest kernel" in out
+    assert "the generalised walltime model predicts" in out and "tokens per target forward" in out

@@ -379,11 +379,7 @@ def sweep_row(runs: list[Run], gamma: int, *, draft_ms_per_token: float, verify_
                 c_in_run=costs.draft_ms / costs.step_ms)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from .acceptance import eval_prompts
-    from .data import encode_prompt
-    from .models import load_draft, load_target, load_tokenizer
-
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m specrepro.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="smollm2-135m-instruct")
@@ -404,7 +400,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compile", nargs="?", const="max-autotune", default=None, choices=sorted(MODES),
                     help="also run every method through its compiled static-cache path (ours and transformers'), "
                          "in this torch.compile mode (default max-autotune; minutes of compilation first)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every method on the prompts (`run_bench`), print each kernel's summary, then each method at its fastest
+    beside the walltime model's predictions (`_print_costs`)."""
+    from .acceptance import eval_prompts
+    from .data import encode_prompt
+    from .models import load_draft, load_target, load_tokenizer
+
+    args = _parser().parse_args(argv)
     dtype = getattr(torch, args.dtype)
     target = load_target(args.target, dtype=dtype, device=args.device)
     draft = load_draft(args.draft, dtype=dtype, device=args.device)
@@ -421,7 +427,14 @@ def main(argv: list[str] | None = None) -> int:
     for kernel in configs:
         print(f"--- kernel {kernel}")
         _print_summary(summarize([r for r in runs if r.kernel == kernel]))
-    runs = fastest(runs)
+    _print_costs(target, draft, prompts, fastest(runs), args)
+    return 0
+
+
+def _print_costs(target, draft, prompts, runs: list[Run], args) -> None:
+    """Each method at its fastest configuration, the memory floor, the costs timed in the runs, and the speedup the
+    generalised walltime model predicts from them and from the draft and verification timed apart (in the
+    speculative runs' configuration)."""
     summary = summarize(runs)
     spec_kernel = next(r.kernel for r in runs if r.method == "speculative")
     use_kernel(target, linear_kernel(spec_kernel))  # the costs timed apart, below, with the speculative runs'
@@ -455,7 +468,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"alpha {alpha:.3f}, {per_forward:.2f} tokens per target forward; the generalised walltime model predicts "
           f"{walltime.predicted_speedup_in_run(runs):.2f}x with the costs timed in the runs, "
           f"{apart:.2f}x with the costs timed apart")
-    return 0
 
 
 def floor_ms(model, context: int, device=None, *, tokens: int = 1, bandwidth: float | None = None) -> float:
