@@ -175,3 +175,23 @@ def test_engines_claim():
     assert v.label == "reproduces" and v.facts["broken"] == ["x"]
     assert V.engines({"a": "lossless at this power"}, planted={"p": "lossless at this power"}).label == "not testable"
     assert V.engines({}, planted=bug).label == "not testable"
+
+
+def test_numerics_each_label_from_its_data():
+    clean = {"float32": 0, "float16": 0, "bfloat16": 0}
+    assert V.numerics(0, 12, clean, 0.16).label == "reproduces"
+    v = V.numerics(0, 12, clean, 0.001)  # the distributions differ: contrary
+    assert v.label == "does not reproduce" and "differ (p = 0.001" in v.reason
+    v = V.numerics(0, 12, clean | {"bfloat16": 1}, 0.5)  # a greedy divergence that is no near-tie
+    assert v.label == "does not reproduce" and "1 greedy divergences not at a near-tie" in v.reason
+    assert V.numerics(12, 12, clean, 0.5).label == "partly"  # the same seed gave the same text everywhere
+    assert V.numerics(0, 12, clean, None).label == "not testable"
+
+
+def test_batch_equivalence_each_label_from_its_data():
+    assert V.batch_equivalence([1.0, 1.0, 1.0], [0.0, 0.03]).label == "reproduces"
+    v = V.batch_equivalence([1.0, 0.97], [0.0, 0.03])  # ours loses a row at one batch size: contrary
+    assert v.label == "does not reproduce" and "exact at 1 of 2 batch sizes (worst 97%)" in v.reason
+    v = V.batch_equivalence([1.0, 1.0], [0.0, 1.0])  # a control the checker did not see
+    assert v.label == "partly" and "not shown to see the bug" in v.reason
+    assert V.batch_equivalence([1.0], []).label == "partly" and V.batch_equivalence([], [0.0]).label == "not testable"

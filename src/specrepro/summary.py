@@ -80,9 +80,9 @@ def _numerics(r):
             f"{g['bfloat16']['exact_match']:.0%} (bfloat16) of {m['greedy_prompts']} prompts, "
             f"{sum(v['bugs'] for v in g.values())} divergences not at a near-tie; first-token distributions agree "
             f"(p = {m['distribution_p_value']:.2f})")
-    ok = m["same_seed_identical"] < m["same_seed_prompts"] and all(v["bugs"] == 0 for v in g.values())
-    return ours, ("reproduces: same distribution, a different draw; greedy differs only at near-ties" if ok else
-                  "does not reproduce"), "04-numerics"
+    v = verdicts.numerics(m["same_seed_identical"], m["same_seed_prompts"], {d: x["bugs"] for d, x in g.items()},
+                          m["distribution_p_value"])
+    return ours, v.label, "04-numerics"
 
 
 def _arithmetic(r):
@@ -261,12 +261,8 @@ def _batch_equivalence(r05):
     ours = (f"speculative, float32: exact match {ours_rows.exact_match.min():.0%}-{ours_rows.exact_match.max():.0%} "
             f"at batch {ours_rows.batch_size.min()}-{ours_rows.batch_size.max()} ({ours_rows.prompts.iloc[0]} prompts);"
             f" the two published bugs as controls: {controls.exact_match.min():.0%}-{controls.exact_match.max():.0%}")
-    ok = bool((ours_rows.exact_match == 1).all())
-    caught = bool((controls.exact_match < 1).all()) if len(controls) else False
-    return ours, ("reproduces the problem in the controls; ours keeps equivalence" if ok and caught else
-                  "ours loses equivalence somewhere" if not ok else
-                  "ours keeps equivalence, but a control matched everywhere: the checker is not shown to see the bug"
-                  ), "05-batch"
+    v = verdicts.batch_equivalence(ours_rows.exact_match.tolist(), controls.exact_match.tolist())
+    return ours, v.label, "05-batch"
 
 
 def _batch_rows(r05) -> list[verdicts.BatchRow]:

@@ -319,6 +319,59 @@ def draft_size(settings: Mapping[str, dict], alpha_rises: Iterable[bool], sizes:
     return Verdict("partly" if smallest else "does not reproduce", reason, facts)
 
 
+def numerics(same_seed_identical: int, same_seed_prompts: int, greedy_bugs: Mapping[str, int],
+             distribution_p: float, *, alpha: float = 0.05) -> Verdict:
+    """Chen et al. Sec. 1, 4: speculative sampling keeps the target's distribution, not its sample. Inputs: how many
+    of `same_seed_prompts` sampled continuations came out identical with the same seed; per dtype, the greedy
+    divergences not at a near-tie (`greedy_bugs`); the p-value of the test that the two first-token distributions
+    agree.
+
+    reproduces: the distributions agree at `alpha`, no greedy divergence beyond a near-tie, and the same seed gave
+    a different continuation somewhere; partly: all that, but every same-seed continuation was identical (the
+    "different draw" half not shown); does not reproduce: the distribution test rejects, or a greedy output
+    diverges where the logits are not tied."""
+    p = _num(distribution_p)
+    bugs = {d: int(b) for d, b in greedy_bugs.items()}
+    facts = dict(same_seed_identical=same_seed_identical, same_seed_prompts=same_seed_prompts, bugs=bugs,
+                 distribution_p=p)
+    if math.isnan(p) or not same_seed_prompts or not bugs:
+        return Verdict("not testable", "the distribution test, the same-seed runs or the greedy runs are missing",
+                       facts)
+    agree, clean = p >= alpha, not any(bugs.values())
+    differ = same_seed_identical < same_seed_prompts
+    reason = (f"first-token distributions {'agree' if agree else 'differ'} (p = {p:.2g}, level {alpha}); "
+              f"{sum(bugs.values())} greedy divergences not at a near-tie ("
+              + ", ".join(f"{d} {b}" for d, b in bugs.items()) + f"); same seed: {same_seed_identical} of "
+              f"{same_seed_prompts} sampled continuations identical")
+    if not (agree and clean):
+        return Verdict("does not reproduce", reason, facts)
+    return Verdict("reproduces" if differ else "partly", reason, facts)
+
+
+def batch_equivalence(ours: Sequence[float], controls: Sequence[float]) -> Verdict:
+    """Zhang et al. 2025: batch > 1 must keep every row's output. `ours`: our speculative decoding's exact-match
+    rate against each row decoded alone, one per batch size; `controls`: the same checker on the published batching
+    bugs (it must see them, or a pass means nothing).
+
+    reproduces (the problem, and ours free of it): every batch size matches exactly and every control is caught;
+    does not reproduce: ours loses equivalence at some batch size; partly: ours matches, but a control matched
+    everywhere (or none ran), so the checker is not shown to see the bug."""
+    ours, controls = [_num(x) for x in ours], [_num(x) for x in controls]
+    if not ours:
+        return Verdict("not testable", "no batch size was checked")
+    kept = all(x == 1 for x in ours)
+    caught = bool(controls) and all(x < 1 for x in controls)
+    facts = dict(kept=kept, caught=caught, worst=min(ours))
+    seen = (f"the checker caught every control ({min(controls):.0%}-{max(controls):.0%} exact)" if caught else
+            "no control ran" if not controls else
+            f"a control matched everywhere ({max(controls):.0%}): the checker is not shown to see the bug")
+    reason = (f"ours exact at {sum(x == 1 for x in ours)} of {len(ours)} batch sizes (worst {min(ours):.0%}); "
+              + seen)
+    if not kept:
+        return Verdict("does not reproduce", reason, facts)
+    return Verdict("reproduces" if caught else "partly", reason, facts)
+
+
 def regime(step_x_floor: Mapping[str, float], verify_steps: Mapping[str, float], *, near: float = 1.3,
            free: float = 1.2, tokens: int = 4) -> Verdict:
     """Leviathan et al. Sec. 3.5, Chen et al. Sec. 1: batch-1 decoding is memory-bound, so a verification of a few
