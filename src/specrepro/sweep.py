@@ -36,7 +36,15 @@ import torch
 from . import bench, intervals, verdicts, walltime
 from .acceptance import betas as acceptance_betas
 from .acceptance import position_logits
-from .generate import autoregressive_generate, checked_length, eos_set, speculative_generate, tested
+from .generate import (
+    GenerationStats,
+    autoregressive_generate,
+    checked_length,
+    eos_set,
+    pooled_alpha,
+    speculative_generate,
+    tested,
+)
 from .sampling import SamplingConfig
 from .timing import timed
 
@@ -65,9 +73,10 @@ class Calibration:
 
 
 def _alpha(accepted, proposed) -> float:
-    """accepted / tested over iterations (`generate.tested`), 0 when no draft token was tested."""
-    tests = tested(accepted, proposed)
-    return sum(accepted) / tests if tests else 0.0
+    """`generate.pooled_alpha` of these iterations (accepted / tested), 0 rather than NaN when no draft token was
+    tested (the replay then predicts from no acceptance)."""
+    a = pooled_alpha([GenerationStats(0, accepted=list(accepted), proposed=list(proposed))])
+    return 0.0 if a != a else a
 
 
 def replay(betas, gamma: int, *, rng: np.random.Generator, end: int | None = None, prefix: list[int] | None = None,
@@ -291,8 +300,7 @@ def geometric_fit(accepted: list[int], gamma: int, alpha: float | None = None) -
         raise ValueError("no iteration to fit")
     fitted = alpha is None
     if fitted:
-        tests = tested(accepted, [gamma] * len(accepted))
-        alpha = sum(accepted) / tests if tests else 0.0
+        alpha = _alpha(accepted, [gamma] * len(accepted))
     expected = n * capped_geometric(alpha, gamma)
     obs, exp = [], []
     for o, e in zip(counts, expected):  # merge small bins forward
