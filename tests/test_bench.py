@@ -275,3 +275,25 @@ def test_the_cli_runs_end_to_end_and_prints_the_walltime_predictions(monkeypatch
     out = capsys.readouterr().out
     assert "--- kernel stock" in out and "each method at its fastest kernel" in out
     assert "the generalised walltime model predicts" in out and "tokens per target forward" in out
+
+
+def test_a_feature_draft_runs_ours_beside_transformers_with_another_draft(pair):
+    """Ours with a draft transformers cannot run (it reads the target's features), transformers' assisted
+    generation with `hf_draft`, interleaved: the feature draft is left out of the compiled configuration, whose
+    compiled path keeps no features; transformers' assisted generation gives the target's greedy tokens."""
+    from specrepro.tiny import tiny_feature_draft
+
+    target, hf_draft = tiny_pair(32, seed=5, dtype=torch.float32)  # their own pair: the fixture stays float64
+    feature = tiny_feature_draft(target)
+    methods = ("autoregressive", "speculative", bench.HF_AUTOREGRESSIVE, "hf_assisted_fixed")
+    runs = bench.run_bench(target, feature, [torch.tensor([[1, 2, 3]])], gamma=2, max_new_tokens=6, warmup=False,
+                           methods=methods, hf_draft=hf_draft, kernels=("stock", bench.COMPILED),
+                           compile_mode="eager")
+    ran = {(r.kernel, r.method) for r in runs}
+    assert ran == {("stock", m) for m in methods} | {(bench.COMPILED, "autoregressive"),
+                                                     (bench.COMPILED, bench.HF_AUTOREGRESSIVE)}
+    assert len({tuple(r.output) for r in runs}) == 1  # greedy: every method, every configuration, the same tokens
+    assert next(r for r in runs if r.method == "speculative").stats.proposed  # the feature draft did draft
+    with pytest.raises(TypeError, match="has no transformers equivalent.*as hf_draft"):
+        bench.run_bench(target, feature, [torch.tensor([[1, 2, 3]])], gamma=2, max_new_tokens=4, warmup=False,
+                        methods=("hf_assisted_fixed",))

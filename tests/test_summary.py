@@ -179,3 +179,34 @@ def test_the_regime_row_sets_ours_beside_llama_cpp_where_07_ran_it(tmp_path):
     m["llama_cpp"] = {"decode_ms": float("nan"), "decode_x_floor": None}  # llama.cpp could not run there
     (tmp_path / "07-regime" / "metrics.json").write_text(json.dumps(m))
     assert "llama.cpp" not in regime_row(summary.results(tmp_path))[0]
+
+
+def test_07s_sampled_trained_row_joins_the_like_for_like_rows(tmp_path):
+    """07's section 2c (nucleus, a trained draft, every method at its fastest) is a like-for-like row of the
+    Table-1 verdict: a slow one makes it "does not reproduce" however fast the greedy rows are; a fast one, not."""
+    import pandas as pd
+
+    (tmp_path / "03-latency").mkdir()
+    pd.DataFrame([dict(task="code", decoding="greedy", method=m, kernels="fastest", speedup=1.0 if m == "autoregressive"
+                       else 1.5, speedup_lo=1.0 if m == "autoregressive" else 1.3, speedup_hi=1.0 if m ==
+                       "autoregressive" else 1.7, n_prompts=24, quality_metric="q", quality=0.1, quality_lo=0.05,
+                       quality_hi=0.15, ms_per_token=30.0) for m in ("autoregressive", "speculative")]
+                 ).to_csv(tmp_path / "03-latency" / "table1.csv", index=False)
+    (tmp_path / "03-latency" / "parameters.json").write_text(json.dumps({"draft_name": "prompt-lookup", "gamma": 3}))
+    (tmp_path / "03-latency" / "metrics.json").write_text("{}")
+    (tmp_path / "07-regime").mkdir()
+    (tmp_path / "07-regime" / "parameters.json").write_text(json.dumps({"draft_name": "prompt-lookup", "task": "code"}))
+
+    def with_07(lo, hi):
+        m = dict(speedup=1.3, speedup_lo=1.1, speedup_hi=1.5, n_prompts=12, draft_name="prompt-lookup",
+                 sampled=dict(draft="feature-1", gamma=4, speedup=(lo + hi) / 2, speedup_lo=lo, speedup_hi=hi,
+                              n_prompts=12))
+        (tmp_path / "07-regime" / "metrics.json").write_text(json.dumps(m))
+        res = summary.results(tmp_path)
+        return summary._table1(res["03-latency"], res["07-regime"])
+
+    ours, verdict, notebooks = with_07(0.5, 0.7)
+    assert "code nucleus (feature-1, 07's fastest configuration, gamma 4, 12 prompts) 0.60x [0.50, 0.70]" in ours
+    assert verdict.startswith("does not reproduce: like for like (sampled, trained draft), 0 of 1")
+    assert notebooks == "03-latency, 07-regime"
+    assert with_07(2.3, 2.7)[1].startswith("reproduces")

@@ -27,6 +27,7 @@ from . import flops, intervals, theory, walltime
 from .compiled import MODES, CompileConfig, slots_needed
 from .generate import GenerationStats, autoregressive_generate, pooled_alpha, speculative_generate
 from .kernels import KERNELS, use_kernel
+from .protocol import feature_layers
 from .timing import forward_log, memory_bandwidth, timed
 
 METHODS = ("autoregressive", "speculative", "hf_assisted_fixed", "hf_assisted_default")
@@ -87,7 +88,8 @@ def hf_generate(target, input_ids, *, max_new_tokens: int, temperature: float = 
     if assistant is not None:
         if not hf_supports(assistant):
             raise TypeError(f"transformers' assisted generation takes a transformers model as assistant_model; a "
-                            f"{type(assistant).__name__} has no transformers equivalent: leave out the hf_* methods")
+                            f"{type(assistant).__name__} has no transformers equivalent: leave out the hf_* methods, "
+                            "or give run_bench a transformers model as hf_draft")
         saved = assistant.generation_config
         cfg = GenerationConfig()  # transformers' defaults
         if gamma is not None:
@@ -195,8 +197,11 @@ FIRST_TOKEN_CALLS = 2  # runs of one new token per timed run; the fastest is its
 def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new_tokens: int,
               temperature: float = 0.0, top_k=None, top_p=None, eos_token_id=None, repeats: int = 1,
               methods=METHODS, seed: int = 0, device=None, warmup: bool = True,
-              kernels: tuple[str, ...] = (), compile_mode: str = "max-autotune") -> list[Run]:
-    """Time each method on each prompt, interleaved; `repeats` rounds. HF methods need a transformers draft.
+              kernels: tuple[str, ...] = (), compile_mode: str = "max-autotune", hf_draft=None) -> list[Run]:
+    """Time each method on each prompt, interleaved; `repeats` rounds. HF methods need a transformers draft:
+    `hf_draft` (default `draft`) is the one transformers' assisted generation runs, so that ours can run a draft
+    transformers cannot (one that reads the target's features) beside transformers' best one. Such a draft runs in
+    the eager configurations only: our compiled path keeps no hidden states.
 
     `kernels`: configurations from `CONFIGS`; each prompt is then run with every one in turn, so that each method
     can be compared at its fastest configuration, side by side (`fastest`). A `kernels.KERNELS` name switches the
@@ -213,6 +218,12 @@ def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new
     no decode time and its speedup thousands of times too high; a stall in the whole call stays in, as time a user
     waits for."""
     sample = dict(temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos_token_id)
+    hf_draft = draft if hf_draft is None else hf_draft
+    reads_features = bool(feature_layers(draft))
+
+    def runs_here(config, method):
+        return runs_in(config, method) and not (reads_features and is_compiled(config) and method == "speculative")
+
     slots = slots_needed(max(p.shape[1] for p in prompts), max_new_tokens, max(gamma, 10) + 1)
     compile_cfg = CompileConfig(compile_mode, slots)
 
@@ -224,21 +235,21 @@ def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new
             return speculative_generate(target, draft, ids, gamma=gamma, max_new_tokens=n, generator=g,
                                         compile=c or False, **sample)
         fixed = gamma if method == "hf_assisted_fixed" else None
-        assistant = None if method == HF_AUTOREGRESSIVE else draft
+        assistant = None if method == HF_AUTOREGRESSIVE else hf_draft
         return hf_generate(target, ids, max_new_tokens=n, assistant=assistant, gamma=fixed, generator=g, compile=c,
                            **sample)
 
     def configure(config):
         if config:
-            use_kernel(target, linear_kernel(config))
-            use_kernel(draft, linear_kernel(config))
+            for model in {id(m): m for m in (target, draft, hf_draft)}.values():  # each model once
+                use_kernel(model, linear_kernel(config))
 
     unknown = set(kernels) - set(CONFIGS)
     if unknown:
         raise ValueError(f"unknown configuration(s) {sorted(unknown)}; choose from {CONFIGS}")
     if warmup:
         for config, m in itertools.product(kernels or ("",), methods):
-            if not runs_in(config, m):
+            if not runs_here(config, m):
                 continue
             configure(config)
             call(m, prompts[0], 4, torch.Generator().manual_seed(seed), config)
@@ -247,7 +258,7 @@ def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new
         for (i, ids), kernel in itertools.product(enumerate(prompts), kernels or ("",)):
             configure(kernel)
             for m in methods:
-                if not runs_in(kernel, m):
+                if not runs_here(kernel, m):
                     continue
                 # defaults bind this iteration's m, ids, i, kernel; the generator is still built inside the timed call
                 ttft = min(timed(lambda m=m, ids=ids, i=i, k=kernel: call(m, ids, 1,

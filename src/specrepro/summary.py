@@ -149,9 +149,15 @@ def _speedup_rows(r03, r07) -> list[verdicts.SpeedupRow]:
                         gamma=params.get("gamma"))
     if r07 is not None:
         m, draft = r07["metrics"], _draft_07(r07)
-        rows.append(verdicts.SpeedupRow("code", "greedy", f"{draft}, 07's fastest configuration",
+        task = r07.get("parameters", {}).get("task", "code")
+        rows.append(verdicts.SpeedupRow(task, "greedy", f"{draft}, 07's fastest configuration",
                                         models.is_trained(draft), m["speedup"], _bound(m["speedup_lo"]),
                                         _bound(m["speedup_hi"]), int(m["n_prompts"]), m.get("gamma")))
+        if "sampled" in m:  # section 2c: Chen et al.'s mode against every method at its fastest
+            t = m["sampled"]
+            rows.append(verdicts.SpeedupRow(task, "nucleus", f"{t['draft']}, 07's fastest configuration",
+                                            models.is_trained(t["draft"]), t["speedup"], _bound(t["speedup_lo"]),
+                                            _bound(t["speedup_hi"]), int(t["n_prompts"]), t.get("gamma")))
     return rows
 
 
