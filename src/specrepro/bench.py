@@ -50,9 +50,12 @@ def linear_kernel(config: str) -> str:
     return COMPILED_KERNEL.get(config, config)
 
 
-def runs_in(config: str, method: str) -> bool:
-    """Whether `run_bench` runs `method` in `config` (a compiled one runs `COMPILED_METHODS` only)."""
-    return not is_compiled(config) or method in COMPILED_METHODS
+def runs_in(config: str, method: str, draft=None) -> bool:
+    """Whether `run_bench` runs `method` in `config` with `draft`: a compiled one runs `COMPILED_METHODS` only, and
+    ours not with a draft that reads the target's features (the compiled path keeps no hidden states)."""
+    if not is_compiled(config):
+        return True
+    return method in COMPILED_METHODS and not (method == "speculative" and feature_layers(draft))
 
 
 def hf_generate(target, input_ids, *, max_new_tokens: int, temperature: float = 0.0, top_k=None, top_p=None,
@@ -219,11 +222,6 @@ def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new
     waits for."""
     sample = dict(temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos_token_id)
     hf_draft = draft if hf_draft is None else hf_draft
-    reads_features = bool(feature_layers(draft))
-
-    def runs_here(config, method):
-        return runs_in(config, method) and not (reads_features and is_compiled(config) and method == "speculative")
-
     slots = slots_needed(max(p.shape[1] for p in prompts), max_new_tokens, max(gamma, 10) + 1)
     compile_cfg = CompileConfig(compile_mode, slots)
 
@@ -249,7 +247,7 @@ def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new
         raise ValueError(f"unknown configuration(s) {sorted(unknown)}; choose from {CONFIGS}")
     if warmup:
         for config, m in itertools.product(kernels or ("",), methods):
-            if not runs_here(config, m):
+            if not runs_in(config, m, draft):
                 continue
             configure(config)
             call(m, prompts[0], 4, torch.Generator().manual_seed(seed), config)
@@ -258,7 +256,7 @@ def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new
         for (i, ids), kernel in itertools.product(enumerate(prompts), kernels or ("",)):
             configure(kernel)
             for m in methods:
-                if not runs_here(kernel, m):
+                if not runs_in(kernel, m, draft):
                     continue
                 # defaults bind this iteration's m, ids, i, kernel; the generator is still built inside the timed call
                 ttft = min(timed(lambda m=m, ids=ids, i=i, k=kernel: call(m, ids, 1,

@@ -148,16 +148,16 @@ def _speedup_rows(r03, r07) -> list[verdicts.SpeedupRow]:
     rows = speedup_rows(r03["table1"], r03.get("like_for_like"), draft=params.get("draft_name", "prompt-lookup"),
                         gamma=params.get("gamma"))
     if r07 is not None:
-        m, draft = r07["metrics"], _draft_07(r07)
-        task = r07.get("parameters", {}).get("task", "code")
-        rows.append(verdicts.SpeedupRow(task, "greedy", f"{draft}, 07's fastest configuration",
-                                        models.is_trained(draft), m["speedup"], _bound(m["speedup_lo"]),
-                                        _bound(m["speedup_hi"]), int(m["n_prompts"]), m.get("gamma")))
+        m, task = r07["metrics"], r07.get("parameters", {}).get("task", "code")
+
+        def row(decoding, s, draft):  # s: 07's metrics for one race, each method at its fastest
+            return verdicts.SpeedupRow(task, decoding, f"{draft}, 07's fastest configuration", models.is_trained(draft),
+                                       s["speedup"], _bound(s["speedup_lo"]), _bound(s["speedup_hi"]),
+                                       int(s["n_prompts"]), s.get("gamma"))
+
+        rows.append(row("greedy", m, _draft_07(r07)))
         if "sampled" in m:  # section 2c: Chen et al.'s mode against every method at its fastest
-            t = m["sampled"]
-            rows.append(verdicts.SpeedupRow(task, "nucleus", f"{t['draft']}, 07's fastest configuration",
-                                            models.is_trained(t["draft"]), t["speedup"], _bound(t["speedup_lo"]),
-                                            _bound(t["speedup_hi"]), int(t["n_prompts"]), t.get("gamma")))
+            rows.append(row("nucleus", m["sampled"], m["sampled"]["draft"]))
     return rows
 
 
