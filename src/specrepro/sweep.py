@@ -125,8 +125,10 @@ def calibrate(target, drafts: dict, prompts: list[torch.Tensor], *, gamma: int, 
     """Each draft's `Calibration`: c from `walltime.decode_ms_per_token` on `cost_prompt` (all models interleaved);
     the proposal and accepted lengths at `gamma` and each of `gammas` from `replay` on the target's continuations
     of `prompts` (the sweep must use other prompts) at the sweep's `max_new_tokens`: one target forward per
-    continuation (none when greedy), one forward per draft. Each continuation's first iteration is left out, as
-    the sweep's decode times leave it out. Continuation i samples with seed + CALIBRATION_SEED + i, apart from the
+    continuation (none when greedy), one forward per draft (a draft that reads the target's features gets them
+    from a target forward, `acceptance.position_logits`: every position scored at depth 1, so its alpha is an
+    upper bound on the loop's). Each continuation's first iteration is left out, as the sweep's decode times leave
+    it out. Continuation i samples with seed + CALIBRATION_SEED + i, apart from the
     sweep's seeds; sampling, each continuation is replayed `walks` times (`numpy` generator seeded from `seed`: more
     coin flips on the same prefixes, not more prefixes). `verify_steps` is the target's verification cost profile
     (`verify_steps`, in 1-token forwards), measured once."""
@@ -151,7 +153,7 @@ def calibrate(target, drafts: dict, prompts: list[torch.Tensor], *, gamma: int, 
         rng = np.random.default_rng(seed + CALIBRATION_SEED)
         betas = []
         for ids, new, _, tl in samples:
-            dl = position_logits(draft, ids, new)
+            dl = position_logits(draft, ids, new, target=target)  # a feature draft reads the target's states
             betas.append((dl.argmax(-1) == new[0]).double().tolist() if cfg.greedy
                          else acceptance_betas(tl, dl, cfg).tolist())
         pl = getattr(draft, "proposal_length", None)
