@@ -179,6 +179,10 @@ def test_the_regime_row_sets_ours_beside_llama_cpp_where_07_ran_it(tmp_path):
     m["llama_cpp"] = {"decode_ms": float("nan"), "decode_x_floor": None}  # llama.cpp could not run there
     (tmp_path / "07-regime" / "metrics.json").write_text(json.dumps(m))
     assert "llama.cpp" not in regime_row(summary.results(tmp_path))[0]
+    (tmp_path / "02-arithmetic-ops" / "environment.json").write_text(json.dumps({"cpu": "CPU A"}))
+    (tmp_path / "07-regime" / "environment.json").write_text(json.dumps({"cpu": "CPU B"}))
+    ours = regime_row(summary.results(tmp_path))[0]  # two folders, two hosts: each number says where it was measured
+    assert "(02, CPU A)" in ours and "(07, CPU B)" in ours
 
 
 def test_07s_sampled_trained_row_joins_the_like_for_like_rows(tmp_path):
@@ -209,4 +213,12 @@ def test_07s_sampled_trained_row_joins_the_like_for_like_rows(tmp_path):
     assert "code nucleus (feature-1, 07's fastest configuration, gamma 4, 12 prompts) 0.60x [0.50, 0.70]" in ours
     assert verdict.startswith("does not reproduce: like for like (sampled, trained draft), 0 of 1")
     assert notebooks == "03-latency, 07-regime"
+    pd.DataFrame([dict(method="speculative", config="compiled", decode_ms_per_token=20.0, fastest=True)]
+                 ).to_csv(tmp_path / "07-regime" / "speed.csv", index=False)
+    pd.DataFrame([dict(method="speculative", config="stock", decode_ms_per_token=50.0)]
+                 ).to_csv(tmp_path / "07-regime" / "sampled.csv", index=False)
+    t1 = summary.table1_beside_chen(summary.results(tmp_path))  # the table beside Chen's shows the row too
+    row = t1[t1.source.str.startswith("ours, 07 section 2c")].iloc[0]
+    assert row.like_for_like and row.decoding == "nucleus" and row.ms_per_token == 50.0
+    assert row.speedup == pytest.approx(0.6)
     assert with_07(2.3, 2.7)[1].startswith("reproduces")

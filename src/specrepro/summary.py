@@ -27,16 +27,22 @@ SUMMARY = "99-summary"  # the summary's own folder, never one of its inputs
 
 def results(outputs: str | Path = paths.OUTPUTS) -> dict[str, dict]:
     """{notebook folder: {"metrics": its metrics.json, "parameters": its parameters.json ({} where absent),
-    "<table>": its <table>.csv as a DataFrame, ...}} for every numbered output folder under `outputs` that has a
-    metrics.json, the summary's own left out."""
+    "host": the CPU its environment.json names (None where absent), "<table>": its <table>.csv as a DataFrame, ...}}
+    for every numbered output folder under `outputs` that has a metrics.json, the summary's own left out."""
     out = {}
     for folder in sorted(Path(outputs).glob("[0-9][0-9]-*")):
         if (folder / "metrics.json").exists() and folder.name != SUMMARY:
-            params = folder / "parameters.json"
+            params, env = folder / "parameters.json", folder / "environment.json"
             out[folder.name] = {"metrics": json.loads((folder / "metrics.json").read_text()),
-                                "parameters": json.loads(params.read_text()) if params.exists() else {}} | {
+                                "parameters": json.loads(params.read_text()) if params.exists() else {},
+                                "host": json.loads(env.read_text()).get("cpu") if env.exists() else None} | {
                 csv.stem: pd.read_csv(csv) for csv in sorted(folder.glob("*.csv"))}
     return out
+
+
+def _at(r: dict, notebook: str) -> str:
+    """"02" or "02, <its host>": where a number was measured, for rows that set two folders' numbers side by side."""
+    return f"{notebook}, {r['host']}" if r.get("host") else notebook
 
 
 def _bound(v) -> float:
@@ -94,7 +100,7 @@ def _arithmetic(r):
 def _regime(r02, r07):
     d = r02["metrics"]["decode_step"]
     ours = (f"eager decode step {d['measured_ms']:.1f} ms vs a {d['memory_floor_ms']:.1f} ms memory floor "
-            f"({d['memory_share']:.0%} of its time) (02)")
+            f"({d['memory_share']:.0%} of its time) ({_at(r02, '02')})")
     if r07 is None:
         return ours, "07-regime has not run", "02-arithmetic-ops"
     m = r07["metrics"]
@@ -102,7 +108,7 @@ def _regime(r02, r07):
     steps = m["verify_steps"]
     v = verdicts.regime(x, {r: steps.get(f"{r}_4") for r in x})
     eager_4 = steps.get("eager_4")
-    ours += f"; {v.reason} (eager: {float('nan') if eager_4 is None else eager_4:.2f} steps) (07)"
+    ours += f"; {v.reason} (eager: {float('nan') if eager_4 is None else eager_4:.2f} steps) ({_at(r07, '07')})"
     llama = m.get("llama_cpp") or {}
     if llama.get("decode_x_floor") is not None and x:  # the anchor: llama.cpp on the same weights, same floor
         ours += (f"; llama.cpp on the same float32 weights, same run: decode step {llama['decode_ms']:.1f} ms, "
@@ -337,7 +343,7 @@ def table1_beside_chen(res: dict[str, dict], paper_claims: dict | None = None) -
     """Chen et al.'s Table 1 rows and ours in one table, the like-for-like rows first: source, task, decoding,
     draft, like_for_like (sampled with a trained draft, the mode of Chen et al.'s headline rows), quality metric,
     method, quality, ms per token, speedup [95% CI], prompts. Ours: 03's Table-1 analog (each row at its fastest
-    kernel) and 07's fastest configuration."""
+    kernel) and 07's fastest configuration, greedy and (section 2c) nucleus with a trained draft."""
     v = _values(paper_claims)
     chen = "Chen et al. 2023 (Chinchilla 70B, TPU, K=4)"
     rows = []
@@ -380,6 +386,15 @@ def table1_beside_chen(res: dict[str, dict], paper_claims: dict | None = None) -
                          draft=draft, like_for_like=False, method="speculative",
                          ms_per_token=spec.decode_ms_per_token, speedup=m["speedup"], speedup_lo=m["speedup_lo"],
                          speedup_hi=m["speedup_hi"], n_prompts=m["n_prompts"]))
+        if "sampled" in m:  # section 2c: Chen et al.'s mode, each method at its fastest configuration
+            s, table = m["sampled"], res["07-regime"].get("sampled")
+            ms = table[table.method == "speculative"].decode_ms_per_token if table is not None else ()
+            rows.append(dict(source=f"ours, 07 section 2c (fastest configuration: {s.get('config', '?')}, "
+                                    f"gamma {s.get('gamma', '?')})",
+                             task=res["07-regime"].get("parameters", {}).get("task", "code"), decoding="nucleus",
+                             draft=s["draft"], like_for_like=models.is_trained(s["draft"]), method="speculative",
+                             ms_per_token=float(ms.iloc[0]) if len(ms) else float("nan"), speedup=s["speedup"],
+                             speedup_lo=s["speedup_lo"], speedup_hi=s["speedup_hi"], n_prompts=s["n_prompts"]))
     out = pd.DataFrame(rows)
     if out.empty:
         return out
