@@ -27,7 +27,7 @@ SUMMARY = "99-summary"  # the summary's own folder, never one of its inputs
 
 def results(outputs: str | Path = paths.OUTPUTS) -> dict[str, dict]:
     """{notebook folder: {"metrics": its metrics.json, "parameters": its parameters.json ({} where absent),
-    "host": the CPU its environment.json names (None where absent), "<table>": its <table>.csv as a DataFrame, ...}}
+    "environment": its environment.json ({} where absent), "<table>": its <table>.csv as a DataFrame, ...}}
     for every numbered output folder under `outputs` that has a metrics.json, the summary's own left out."""
     out = {}
     for folder in sorted(Path(outputs).glob("[0-9][0-9]-*")):
@@ -35,14 +35,15 @@ def results(outputs: str | Path = paths.OUTPUTS) -> dict[str, dict]:
             params, env = folder / "parameters.json", folder / "environment.json"
             out[folder.name] = {"metrics": json.loads((folder / "metrics.json").read_text()),
                                 "parameters": json.loads(params.read_text()) if params.exists() else {},
-                                "host": json.loads(env.read_text()).get("cpu") if env.exists() else None} | {
+                                "environment": json.loads(env.read_text()) if env.exists() else {}} | {
                 csv.stem: pd.read_csv(csv) for csv in sorted(folder.glob("*.csv"))}
     return out
 
 
 def _at(r: dict, notebook: str) -> str:
     """"02" or "02, <its host>": where a number was measured, for rows that set two folders' numbers side by side."""
-    return f"{notebook}, {r['host']}" if r.get("host") else notebook
+    host = r.get("environment", {}).get("cpu")
+    return f"{notebook}, {host}" if host else notebook
 
 
 def _bound(v) -> float:
@@ -378,23 +379,25 @@ def table1_beside_chen(res: dict[str, dict], paper_claims: dict | None = None) -
                              speedup=row.speedup, speedup_lo=row.speedup_lo, speedup_hi=row.speedup_hi,
                              n_prompts=row.n_prompts))
     if "07-regime" in res:
-        m = res["07-regime"]["metrics"]
-        speed = res["07-regime"]["speed"]
+        r07 = res["07-regime"]
+        m, task = r07["metrics"], r07.get("parameters", {}).get("task", "code")
+
+        def ours_07(where, decoding, s, draft, ms):  # s: 07's metrics for one race, each method at its fastest
+            return dict(source=f"ours, 07 {where}", task=task, decoding=decoding, draft=draft,
+                        like_for_like=decoding != "greedy" and models.is_trained(draft), method="speculative",
+                        ms_per_token=ms, speedup=s["speedup"], speedup_lo=s["speedup_lo"], speedup_hi=s["speedup_hi"],
+                        n_prompts=s["n_prompts"])
+
+        speed = r07["speed"]
         spec = speed[(speed.method == "speculative") & speed.fastest].iloc[0]
-        draft = _draft_07(res["07-regime"])
-        rows.append(dict(source=f"ours, 07 (fastest configuration: {spec.config})", task="code", decoding="greedy",
-                         draft=draft, like_for_like=False, method="speculative",
-                         ms_per_token=spec.decode_ms_per_token, speedup=m["speedup"], speedup_lo=m["speedup_lo"],
-                         speedup_hi=m["speedup_hi"], n_prompts=m["n_prompts"]))
+        rows.append(ours_07(f"(fastest configuration: {spec.config})", "greedy", m, _draft_07(r07),
+                            spec.decode_ms_per_token))
         if "sampled" in m:  # section 2c: Chen et al.'s mode, each method at its fastest configuration
-            s, table = m["sampled"], res["07-regime"].get("sampled")
+            s, table = m["sampled"], r07.get("sampled")
             ms = table[table.method == "speculative"].decode_ms_per_token if table is not None else ()
-            rows.append(dict(source=f"ours, 07 section 2c (fastest configuration: {s.get('config', '?')}, "
-                                    f"gamma {s.get('gamma', '?')})",
-                             task=res["07-regime"].get("parameters", {}).get("task", "code"), decoding="nucleus",
-                             draft=s["draft"], like_for_like=models.is_trained(s["draft"]), method="speculative",
-                             ms_per_token=float(ms.iloc[0]) if len(ms) else float("nan"), speedup=s["speedup"],
-                             speedup_lo=s["speedup_lo"], speedup_hi=s["speedup_hi"], n_prompts=s["n_prompts"]))
+            rows.append(ours_07(f"section 2c (fastest configuration: {s.get('config', '?')}, gamma "
+                                f"{s.get('gamma', '?')})", "nucleus", s, s["draft"],
+                                float(ms.iloc[0]) if len(ms) else float("nan")))
     out = pd.DataFrame(rows)
     if out.empty:
         return out
