@@ -221,6 +221,35 @@ def test_speedup_interval_of_one_batch_has_no_bounds():
     assert two.n_units == 2 and 1.5 - 1e-9 <= two.lo < two.hi <= 2.0 + 1e-9
 
 
+def test_batched_run_splits_time_at_the_first_iteration(pair64):
+    """`decode_tokens_per_second` leaves out each batch's first iteration (the prefill) and the tokens made in it;
+    `pad_share` is the padding among the batches' prompt slots."""
+    from types import SimpleNamespace
+
+    from specrepro.batching import BatchedRun
+
+    def row(new, accepted, prompt_len):
+        return SimpleNamespace(new_tokens=new, accepted=accepted, prompt_len=prompt_len)
+
+    results = [SimpleNamespace(stats=SimpleNamespace(iteration_seconds=[3.0, 1.0, 1.0], new_tokens=9, prompt_len=10),
+                               rows=[row(6, [2, 1, 1], 10), row(3, [3], 5)])]  # the second ended in iteration 0
+    spec = BatchedRun("speculative", 2, [[1] * 6, [1] * 3], results)
+    assert spec.first_seconds == [3.0] and spec.first_share == pytest.approx(0.6)
+    assert spec.decode_tokens_per_second == pytest.approx((9 - 3 - 3) / 2.0)
+    assert spec.pad_share == pytest.approx(1 - 15 / 20)
+    ar = BatchedRun("autoregressive", 2, [[1] * 4, [1] * 4],
+                    [SimpleNamespace(stats=SimpleNamespace(iteration_seconds=[2.0, 0.5, 0.5, 0.5], new_tokens=8,
+                                                           prompt_len=4), rows=[row(4, [], 4), row(4, [], 4)])])
+    assert ar.decode_tokens_per_second == pytest.approx(6 / 1.5) and ar.pad_share == 0
+
+    target, _ = pair64  # on a real batched decode: the padding comes from the prompts' lengths
+    prompts = ragged_prompts(4, seed=5)
+    _, res = generate.decode_in_batches(target, None, prompts, batch_size=4, max_new_tokens=3, pad_token_id=PAD)
+    real = BatchedRun("autoregressive", 4, [], res)
+    assert real.pad_share == pytest.approx(1 - sum(map(len, prompts)) / (4 * max(map(len, prompts))))
+    assert 0 < real.first_share < 1 and real.decode_tokens_per_second > 0
+
+
 def test_sweep_runs_each_batch_size_with_its_kernel_and_enough_batches():
     from specrepro import batching
     from specrepro.kernels import SmallRowLinear

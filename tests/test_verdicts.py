@@ -60,9 +60,10 @@ def test_arithmetic():
     assert V.arithmetic({}, {}).label == "not testable"
 
 
-def _batch(gains, lo_hi, ar=None, steps=None):
+def _batch(gains, lo_hi, ar=None, steps=None, ar_decode=None):
     ar = ar or [10 * (i + 1) for i in range(len(gains))]
-    return [V.BatchRow(b, 20 * g, a, s, lo, hi, 4, None if steps is None else steps[i])
+    return [V.BatchRow(b, 20 * g, a, s, lo, hi, 4, None if steps is None else steps[i],
+                       None if ar_decode is None else ar_decode[i])
             for i, (b, g, a, (s, lo, hi)) in enumerate(zip((1, 2, 4, 8), gains, ar, lo_hi))]
 
 
@@ -78,7 +79,19 @@ def test_batch_throughput():
     # verification costs are reported as measured, never as the cause; a falling baseline is flagged
     v = V.batch_throughput(_batch([1, 2, 3, 3.5], faster, ar=[10, 9, 12, 14], steps=[1.1, 1.0, 1.2, 2.0]))
     assert "not isolated as the cause" in v.reason and "because" not in v.reason
-    assert v.facts["ar_rises"] is False and "does not rise" in v.reason
+    assert v.facts["ar_rises"] is False and "falls from batch 1 to 2" in v.reason
+    assert "not split at the first iteration" in v.reason
+    # where the fall is, from each batch's time split at its first iteration (the prefill)
+    v = V.batch_throughput(_batch([1, 2, 3, 3.5], faster, ar=[10, 20, 30, 25], ar_decode=[11, 22, 33, 40]))
+    assert v.facts["ar_fall_in_first_iteration"] == [8] and v.facts["ar_fall_in_decode_steps"] == []
+    assert "the fall is in the first iteration" in v.reason and "rises from 33.0 to 40.0" in v.reason
+    v = V.batch_throughput(_batch([1, 2, 3, 3.5], faster, ar=[10, 20, 30, 25], ar_decode=[11, 22, 33, 30]))
+    assert v.facts["ar_fall_in_decode_steps"] == [8] and "the fall is in the decode steps" in v.reason
+    v = V.batch_throughput(_batch([1, 2, 3, 3.5], faster, ar=[10, 9, 30, 25], ar_decode=[11, 12, 33, 30]))
+    assert v.facts["ar_fall_in_first_iteration"] == [2] and v.facts["ar_fall_in_decode_steps"] == [8]
+    assert "the first iteration at batch [2] and the decode steps at batch [8]" in v.reason
+    v = V.batch_throughput(_batch([1, 2, 3, 3.5], faster, ar_decode=[11, 22, 33, 30]))  # AR rises: nothing to split
+    assert "falls" not in v.reason and "ar_fall_in_decode_steps" not in v.facts
     assert V.batch_throughput(_batch([1], faster)).label == "not testable"
 
 

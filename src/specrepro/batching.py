@@ -58,6 +58,31 @@ class BatchedRun:
         return 1e3 * sum(self.seconds) / sum(t / len(r.rows) for t, r in zip(self.tokens, self.results))
 
     @property
+    def first_seconds(self) -> list[float]:
+        """Per batch: the first iteration's wall time. It holds the prompts' prefill, every row left-padded to the
+        batch's longest prompt, and the batch's first new token(s)."""
+        return [r.stats.iteration_seconds[0] if r.stats.iteration_seconds else 0.0 for r in self.results]
+
+    @property
+    def first_share(self) -> float:
+        """The share of the decoding time spent in first iterations (prefill included)."""
+        return sum(self.first_seconds) / sum(self.seconds)
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """Tokens per second after each batch's first iteration: the decoding steps alone, prefill excluded. A row
+        makes min(its new tokens, accepted drafts + 1) tokens in the first iteration (one, autoregressively)."""
+        first = sum(min(s.new_tokens, (s.accepted[0] if s.accepted else 0) + 1) for r in self.results for s in r.rows)
+        return (sum(self.tokens) - first) / (sum(self.seconds) - sum(self.first_seconds))
+
+    @property
+    def pad_share(self) -> float:
+        """The share of prompt slots that were padding: 1 - real prompt tokens / (rows x longest prompt), pooled over
+        batches."""
+        slots = sum(r.stats.prompt_len * len(r.rows) for r in self.results)
+        return 1 - sum(s.prompt_len for r in self.results for s in r.rows) / slots
+
+    @property
     def alpha(self) -> float | None:
         rows = [s for r in self.results for s in r.rows if s.proposed]
         return pooled_alpha(rows) if rows else None

@@ -283,7 +283,8 @@ def _batch_rows(r05) -> list[verdicts.BatchRow]:
     cost = r05["verify_cost"].set_index("batch_size").verify_steps if "verify_cost" in r05 else {}
     return [verdicts.BatchRow(int(r.batch_size), r.spec_tokens_per_s, r.ar_tokens_per_s, r.speedup,
                               _bound(r.speedup_lo), _bound(r.speedup_hi), int(r.batches),
-                              float(cost[r.batch_size]) if r.batch_size in cost else None)
+                              float(cost[r.batch_size]) if r.batch_size in cost else None,
+                              getattr(r, "ar_decode_tokens_per_s", None))
             for r in t.itertuples()]
 
 

@@ -158,6 +158,7 @@ class BatchRow:
     hi: float
     batches: int
     verify_steps: float | None = None
+    ar_decode_tokens_per_s: float | None = None  # autoregressive, after each batch's first iteration (no prefill)
 
 
 def batch_throughput(rows: Sequence[BatchRow], paper_gain: float = 3.0, at: int = 8) -> Verdict:
@@ -190,7 +191,26 @@ def batch_throughput(rows: Sequence[BatchRow], paper_gain: float = 3.0, at: int 
                    f"{rows[-1].verify_steps:.2f} at batch {rows[-1].batch_size} (measured beside, not isolated as "
                    "the cause)")
     if not ar_rises:
-        reason += "; autoregressive throughput does not rise at every step of the batch (check the kernels)"
+        falls = [(a, b) for a, b in zip(rows, rows[1:]) if b.ar_tokens_per_s < a.ar_tokens_per_s]
+        reason += ("; autoregressive throughput falls from batch "
+                   + ", ".join(f"{a.batch_size} to {b.batch_size}" for a, b in falls))
+        split = [(a, b) for a, b in falls if a.ar_decode_tokens_per_s is not None
+                 and b.ar_decode_tokens_per_s is not None]
+        if split:  # each batch's time split at its first iteration, which holds the prefill
+            in_steps = [(a, b) for a, b in split if b.ar_decode_tokens_per_s < a.ar_decode_tokens_per_s]
+            facts["ar_fall_in_decode_steps"] = [b.batch_size for _, b in in_steps]
+            facts["ar_fall_in_first_iteration"] = [b.batch_size for a, b in split if (a, b) not in in_steps]
+            reason += ("; without each batch's first iteration (the prompts' prefill) it "
+                       + ", ".join(f"{'falls' if (a, b) in in_steps else 'rises'} from {a.ar_decode_tokens_per_s:.1f} "
+                                   f"to {b.ar_decode_tokens_per_s:.1f} tokens/s at batch {b.batch_size}"
+                                   for a, b in split)
+                       + ": the fall is in "
+                       + ("the decode steps" if len(in_steps) == len(split) else "the first iteration"
+                          if not in_steps else "the first iteration at batch "
+                          f"{facts['ar_fall_in_first_iteration']} and the decode steps at batch "
+                          f"{facts['ar_fall_in_decode_steps']}"))
+        else:
+            reason += " (its time was not split at the first iteration, so where the fall is is not measured)"
     label = "does not reproduce" if gain <= 1 else "reproduces" if gain >= paper_gain else "in direction only"
     return Verdict(label, reason, facts)
 
