@@ -42,6 +42,7 @@ def test_notebook_smoke_run(nb, tmp_path):
     assert json.loads((out / "metrics.json").read_text())
     env = json.loads((out / "environment.json").read_text())
     assert env["packages"]["torch"] and env["git_commit"]
+    assert isinstance(env["cpu_features"], list) and env["torch_cpu_capability"]  # the host's kernels, named
     assert (out / f"{nb.stem}.ipynb").exists()
     assert not (tmp_path / ".staging" / nb.stem).exists()
 

@@ -82,3 +82,17 @@ def test_linear_bandwidth_times_every_kernel_on_the_distinct_weights_and_restore
                 if isinstance(m, nn.Linear)}
     assert all(r["bytes"] == sum(distinct.values()) and r["ms"] > 0 and r["gb_per_s"] > 0 for r in rows)
     assert all(type(m) is SmallRowLinear for m in target.modules() if isinstance(m, nn.Linear))
+
+
+def test_cpu_features_and_native_bf16_read_the_flags(tmp_path):
+    amd_zen3 = tmp_path / "zen3"  # AVX2 only: bfloat16 is emulated there
+    amd_zen3.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n")
+    xeon = tmp_path / "xeon"
+    xeon.write_text("processor\t: 0\nmodel name\t: Xeon\nflags\t\t: avx2 avx512f avx512_bf16 amx_tile amx_bf16\n")
+    assert timing.cpu_features(amd_zen3) == ["avx2"]
+    assert timing.cpu_features(xeon) == ["avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"]
+    assert timing.cpu_features(tmp_path / "missing") == []
+    assert not timing.native_bf16("cpu", timing.cpu_features(amd_zen3))
+    assert timing.native_bf16("cpu", timing.cpu_features(xeon))
+    assert timing.native_bf16("cpu", ["avx512f", "avx512_bf16"]) and not timing.native_bf16("cpu", ["avx512f"])
+    assert not timing.native_bf16("meta", ["amx_bf16"])

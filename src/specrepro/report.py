@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from . import paths
+from .timing import cpu_features
 from .verdicts import fmt_ci
 
 PACKAGES = ("specrepro", "torch", "transformers", "accelerate", "datasets", "numpy", "scipy", "pandas",
@@ -65,6 +66,8 @@ def environment(device: str | torch.device | None = None, dtype: torch.dtype | N
         "platform": platform.platform(),
         "cpu": _cpu_name(),
         "cpu_count": os.cpu_count(),
+        "cpu_features": cpu_features(),  # the instruction sets that decide which kernels run (timing.ISA_FLAGS)
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the kernel level torch dispatches to
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.version.cuda,
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -116,6 +117,35 @@ def forward_seconds(model, prefix_len: int, new_tokens: int, *, repeats: int = 5
         times.append(timed(lambda: model_forward(model, new, cache, logits_to_keep=new_tokens), device)[0])
         cache.crop(-new_tokens)
     return statistics.median(times[1:])
+
+
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")  # what sets a CPU's kernels
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # a CPU that reports one of these computes bfloat16 products natively
+
+
+def cpu_features(cpuinfo: str | Path = "/proc/cpuinfo", names: tuple[str, ...] = ISA_FLAGS) -> list[str]:
+    """The instruction sets of `names` that this CPU reports (the `flags` line of /proc/cpuinfo), in the order of
+    `names`; [] where it cannot be read (not Linux, or an ARM `Features` line naming none of them). The development
+    hosts differ in exactly these (AVX2 only; AVX-512 with bf16; AMX), so every environment.json records them."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return []
+    line = next((ln for ln in text.splitlines() if ln.startswith(("flags", "Features"))), "")
+    have = set(line.partition(":")[2].split())
+    return [n for n in names if n in have]
+
+
+def native_bf16(device: str | torch.device = "cpu", features: list[str] | None = None) -> bool:
+    """Whether `device` computes bfloat16 matrix products natively: a CUDA GPU of compute capability 8.0 or more
+    (Ampere on), or a CPU reporting AVX-512 bf16 or AMX bf16 (`features`, default `cpu_features()`). Elsewhere
+    bfloat16 is emulated and slower than float32, so a notebook skips its bfloat16 runs there."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] >= 8
+    if device.type != "cpu":
+        return False
+    return any(f in BF16_FLAGS for f in (cpu_features() if features is None else features))
 
 
 def peak_matmul_flops(device="cpu", n: int = 2048, dtype=torch.float32, repeats: int = 5) -> float:
