@@ -183,6 +183,15 @@ def test_the_regime_row_sets_ours_beside_llama_cpp_where_07_ran_it(tmp_path):
     (tmp_path / "07-regime" / "environment.json").write_text(json.dumps({"cpu": "CPU B"}))
     ours = regime_row(summary.results(tmp_path))[0]  # two folders, two hosts: each number says where it was measured
     assert "(02, CPU A)" in ours and "(07, CPU B)" in ours
+    assert "bfloat16" not in ours  # 07 ran no bfloat16 section there
+    m["bf16"] = dict(cpu_features=["avx512f", "amx_bf16"], step_x_floor={"eager": 4.4, "compiled": 2.0}, floor_ms=9.2,
+                     speedup=1.65, speedup_lo=1.25, speedup_hi=2.35, vs_float32=2.0, vs_float32_lo=1.5,
+                     vs_float32_hi=2.6, greedy_identical=18, greedy_prompts=24)
+    (tmp_path / "07-regime" / "metrics.json").write_text(json.dumps(m))
+    ours = regime_row(summary.results(tmp_path))[0]
+    assert ("in bfloat16 (avx512f, amx_bf16): decode step eager 4.40x, compiled 2.00x its 9.2 ms floor, speculative "
+            "1.65x [1.25, 2.35] over bfloat16 autoregressive and 2.00x [1.50, 2.60] over float32's fastest, greedy "
+            "output as float32's on 18 of 24 prompts") in ours
 
 
 def test_07s_sampled_trained_row_joins_the_like_for_like_rows(tmp_path):

@@ -115,6 +115,15 @@ def _regime(r02, r07):
         ours += (f"; llama.cpp on the same float32 weights, same run: decode step {llama['decode_ms']:.1f} ms, "
                  f"{llama['decode_x_floor']:.2f}x the floor; ours at its fastest "
                  f"{min(x.values()) / llama['decode_x_floor']:.2f}x llama.cpp's (07)")
+    b = m.get("bf16")
+    if b:  # bfloat16 copies, where the host computes it natively: their own floor, their own race
+        ours += (f"; in bfloat16 ({', '.join(b['cpu_features']) or 'CPU features not recorded'}): decode step "
+                 + ", ".join(f"{r} {x_:.2f}x" for r, x_ in b["step_x_floor"].items())
+                 + f" its {b['floor_ms']:.1f} ms floor, speculative "
+                 f"{_ci(b['speedup'], b['speedup_lo'], b['speedup_hi'])} over bfloat16 autoregressive and "
+                 f"{_ci(b['vs_float32'], b['vs_float32_lo'], b['vs_float32_hi'])} over float32's fastest, "
+                 f"greedy output as float32's on {b['greedy_identical']} of "
+                 f"{b['greedy_prompts']} prompts (07)")
     return ours, v.label, "02-arithmetic-ops, 07-regime"
 
 
