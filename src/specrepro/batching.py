@@ -73,7 +73,8 @@ class BatchedRun:
         """Tokens per second after each batch's first iteration: the decoding steps alone, prefill excluded. A row
         makes min(its new tokens, accepted drafts + 1) tokens in the first iteration (one, autoregressively)."""
         first = sum(min(s.new_tokens, (s.accepted[0] if s.accepted else 0) + 1) for r in self.results for s in r.rows)
-        return (sum(self.tokens) - first) / (sum(self.seconds) - sum(self.first_seconds))
+        seconds = sum(self.seconds) - sum(self.first_seconds)
+        return (sum(self.tokens) - first) / seconds if seconds > 0 else float("nan")  # NaN: every batch ended at once
 
     @property
     def pad_share(self) -> float:
