@@ -90,6 +90,8 @@ def test_batch_throughput():
     v = V.batch_throughput(_batch([1, 2, 3, 3.5], faster, ar=[10, 9, 30, 25], ar_decode=[11, 12, 33, 30]))
     assert v.facts["ar_fall_in_first_iteration"] == [2] and v.facts["ar_fall_in_decode_steps"] == [8]
     assert "the first iteration at batch [2] and the decode steps at batch [8]" in v.reason
+    v = V.batch_throughput(_batch([1, 2, 3, 3.5], faster, ar=[10, 20, 30, 25], ar_decode=[11, 22, 33, float("nan")]))
+    assert "not split at the first iteration" in v.reason  # no time after the first iteration: nothing to compare
     v = V.batch_throughput(_batch([1, 2, 3, 3.5], faster, ar_decode=[11, 22, 33, 30]))  # AR rises: nothing to split
     assert "falls" not in v.reason and "ar_fall_in_decode_steps" not in v.facts
     assert V.batch_throughput(_batch([1], faster)).label == "not testable"

@@ -194,8 +194,8 @@ def batch_throughput(rows: Sequence[BatchRow], paper_gain: float = 3.0, at: int 
         falls = [(a, b) for a, b in zip(rows, rows[1:]) if b.ar_tokens_per_s < a.ar_tokens_per_s]
         reason += ("; autoregressive throughput falls from batch "
                    + ", ".join(f"{a.batch_size} to {b.batch_size}" for a, b in falls))
-        split = [(a, b) for a, b in falls if a.ar_decode_tokens_per_s is not None
-                 and b.ar_decode_tokens_per_s is not None]
+        split = [(a, b) for a, b in falls if not math.isnan(_num(a.ar_decode_tokens_per_s))
+                 and not math.isnan(_num(b.ar_decode_tokens_per_s))]
         if split:  # each batch's time split at its first iteration, which holds the prefill
             in_steps = [(a, b) for a, b in split if b.ar_decode_tokens_per_s < a.ar_decode_tokens_per_s]
             facts["ar_fall_in_decode_steps"] = [b.batch_size for _, b in in_steps]
