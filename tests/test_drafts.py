@@ -173,10 +173,12 @@ def test_shipped_small_drafts_load_with_the_target_vocabulary(name):
 
 
 def test_shipped_drafts_fit_the_size_budget():
-    # the drafts ship in the repository: 35 MB in all (the ladder stores only what differs from the target); the
-    # budget was 25 MB until the feature draft (10.4 MB: a decoder layer at the target's width, in bf16) came
+    # the drafts ship in the repository: 45 MB in all (the ladder stores only what differs from the target); the
+    # budget was 25 MB until the feature draft (10.4 MB: a decoder layer at the target's width, in bf16) came, and
+    # 35 MB until its 8-epoch retraining feature-1-e8 shipped beside it (03, 06 and 07's committed outputs report
+    # feature-1; once they are rerun with feature-1-e8, feature-1 can go and the budget return to 35 MB)
     total = sum(f.stat().st_size for f in MODELS_DIR.rglob("*") if f.is_file())
-    assert total <= 35e6
+    assert total <= 45e6
 
 
 def test_unknown_draft_name_lists_the_shipped_ones():
