@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+from specrepro import sampling
 from specrepro.sampling import (
     SamplingConfig,
     check_logits,
@@ -35,6 +36,34 @@ def test_warpers_match_transformers(temperature, top_k, top_p):
     ours = warp_logits(logits, SamplingConfig(temperature, top_k, top_p))
     assert torch.equal(torch.isinf(ours), torch.isinf(ref))
     assert torch.allclose(ours.softmax(-1), ref.softmax(-1), atol=1e-7)
+
+
+@pytest.mark.parametrize("scale,top_p", [(3.0, 0.9), (3.0, 0.95), (6.0, 0.5), (12.0, 0.99), (0.3, 0.9)])
+def test_top_p_on_a_large_vocabulary_matches_transformers_and_the_full_sort(monkeypatch, scale, top_p):
+    # the candidate path (peaked rows) and the whole-row sort (scale 0.3: flat rows, too much mass outside the
+    # candidates) remove the same tokens as transformers' warper and as sorting the whole row
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(4, 3, 49_152, generator=g) * scale
+    logits[0, 0, :5] = logits[0, 0].max()  # ties at the top
+    ref = TopPLogitsWarper(top_p)(None, logits.reshape(12, -1).clone()).reshape(logits.shape)
+    fast = warp_logits(logits, SamplingConfig(1.0, top_p=top_p))
+    monkeypatch.setattr(sampling, "TOP_P_CANDIDATES", 10 ** 9)  # forces the whole-row sort
+    full = warp_logits(logits, SamplingConfig(1.0, top_p=top_p))
+    assert torch.equal(torch.isinf(fast), torch.isinf(ref)) and torch.equal(torch.isinf(fast), torch.isinf(full))
+    kept = (~torch.isinf(fast)).sum(-1)
+    assert (kept >= 1).all() and (kept < 49_152).all()
+
+
+def test_top_p_candidate_path_is_taken_only_where_it_holds(monkeypatch):
+    calls = []
+    real_sort = torch.sort
+    monkeypatch.setattr(torch, "sort", lambda x, *a, **k: calls.append(x.shape[-1]) or real_sort(x, *a, **k))
+    g = torch.Generator().manual_seed(3)
+    peaked, flat = torch.randn(1, 49_152, generator=g) * 6, torch.randn(1, 49_152, generator=g) * 0.3
+    warp_logits(peaked, SamplingConfig(1.0, top_p=0.9))
+    assert calls == [sampling.TOP_P_CANDIDATES]  # they hold 90% of a peaked row: only they are sorted
+    warp_logits(torch.cat([peaked, flat]), SamplingConfig(1.0, top_p=0.9))
+    assert calls[1:] == [49_152]  # a flat row in the batch: the whole rows are sorted
 
 
 def test_warp_applies_to_any_leading_shape():
