@@ -90,10 +90,11 @@ def top_p_drop(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     Sorting a 49,152-token vocabulary costs about 2.7 ms on a 2-core CPU, more than a small draft's forward. Where
     the vocabulary is large and the `TOP_P_CANDIDATES` most likely tokens of every row hold at least top_p of the
     mass, every other token is removed (its cumulative probability is at most their complement), so only the
-    candidates are ordered (ties in index order, as the whole-row stable sort orders them), their cumulative sums
-    starting from that complement. Otherwise the whole row is sorted. The two paths differ only in float rounding of
-    the cumulative sums (`tests/test_sampling.py` compares them with each other and with transformers)."""
-    k = TOP_P_CANDIDATES
+    candidates are ordered (ties in index order, as the whole-row sort orders them here; the tests check it), their
+    cumulative sums starting from that complement. Otherwise the whole row is sorted. The two paths differ only in
+    float rounding of the cumulative sums (`tests/test_sampling.py` compares them with each other and with
+    transformers)."""
+    k, order = TOP_P_CANDIDATES, None
     if scores.shape[-1] > 4 * k:
         probs = scores.softmax(-1)
         top, idx = torch.topk(probs, k, dim=-1)  # descending probabilities
@@ -101,16 +102,15 @@ def top_p_drop(scores: torch.Tensor, top_p: float) -> torch.Tensor:
         # every token as unlikely as the least likely candidate goes, whichever order ties take
         low = rest + (top == top[..., -1:]).sum(-1, keepdim=True) * top[..., -1:]
         if bool((low <= 1 - top_p).all()):
-            idx = idx.sort(-1).values  # in index order, so that the stable sort orders ties as the whole-row one
-            idx = idx.gather(-1, torch.sort(scores.gather(-1, idx), dim=-1, stable=True).indices)  # ascending
-            drop_asc = rest + probs.gather(-1, idx).cumsum(-1) <= (1 - top_p)
-            drop_asc[..., -1] = False  # always keep the most likely token
-            return torch.ones_like(scores, dtype=torch.bool).scatter_(-1, idx, drop_asc)
-    sorted_scores, order = torch.sort(scores, dim=-1, descending=False)
-    cum = sorted_scores.softmax(-1).cumsum(-1)
+            idx = idx.sort(-1).values  # in index order: the stable sort then orders ties as the whole-row sort
+            order = idx.gather(-1, torch.sort(scores.gather(-1, idx), dim=-1, stable=True).indices)  # ascending
+            cum = rest + probs.gather(-1, order).cumsum(-1)
+    if order is None:
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=False)
+        cum = sorted_scores.softmax(-1).cumsum(-1)
     drop_sorted = cum <= (1 - top_p)
     drop_sorted[..., -1] = False  # always keep the most likely token
-    return drop_sorted.scatter(-1, order, drop_sorted)
+    return torch.ones_like(scores, dtype=torch.bool).scatter_(-1, order, drop_sorted)  # tokens not in order go
 
 
 def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
