@@ -275,6 +275,7 @@ def test_the_cli_runs_end_to_end_and_prints_the_walltime_predictions(monkeypatch
     out = capsys.readouterr().out
     assert "--- kernel stock" in out and "each method at its fastest kernel" in out
     assert "the generalised walltime model predicts" in out and "tokens per target forward" in out
+    assert "what keeps the run from 1.6x" in out and "verification at one decode step" in out
 
 
 def test_a_feature_draft_runs_ours_beside_transformers_with_another_draft(pair):

@@ -139,3 +139,40 @@ def test_verify_ms_times_the_static_cache_forwards(padded):
     target, _ = tiny_pair(16, dtype=torch.float32)
     ms = walltime.verify_ms(target, 12, 3, compile="eager", padded=padded, repeats=2)
     assert len(ms) == 4 and all(t > 0 for t in ms)
+
+
+def _costs(*, step=34.0, draft=3.2, verify_steps=1.72, gamma=4, overhead=0.5, iterations=100):
+    return walltime.IterationCosts(step_ms=step, draft_ms=draft, verify_ms={gamma: verify_steps * step},
+                                   overhead_ms=overhead, iterations={gamma: iterations})
+
+
+def test_model_speedup_is_thm_3_8_under_the_papers_costs():
+    # verification at one step, no overhead, every iteration proposing gamma: Leviathan's closed form
+    costs = _costs(draft=0.05 * 34.0, verify_steps=1.0, overhead=0.0, gamma=3)
+    assert walltime.model_speedup(costs, 0.7) == pytest.approx(theory.walltime_improvement(0.7, 3, 0.05))
+
+
+def test_alpha_for_speedup_inverts_the_model_and_says_when_no_alpha_reaches_it():
+    costs = _costs()
+    need = walltime.alpha_for_speedup(costs, 1.2)
+    assert 0 < need < 1 and walltime.model_speedup(costs, need) == pytest.approx(1.2, abs=1e-4)
+    assert walltime.model_speedup(costs, need - 1e-3) < 1.2
+    # at alpha = 1 an iteration yields 5 tokens for 4 x 3.2 + 1.72 x 34 + 0.5 ms: 2.37x at most
+    assert walltime.alpha_for_speedup(costs, 2.5) is None
+    # a verification cheaper than a step wins even when nothing is accepted
+    assert walltime.alpha_for_speedup(_costs(draft=0.0, verify_steps=0.5, overhead=0.0), 1.5) == 0.0
+
+
+def test_what_stops_changes_one_factor_at_a_time_and_its_verdicts_follow_the_data():
+    rows = {r["change"]: r for r in walltime.what_stops(_costs(), 0.32, goal_speedup=1.6, goal_alpha=0.6)}
+    measured = rows["as measured"]
+    assert measured["c"] == pytest.approx(3.2 / 34) and measured["verify_steps"] == pytest.approx(1.72)
+    assert measured["speedup"] == pytest.approx(walltime.model_speedup(_costs(), 0.32)) and not measured["meets_goal"]
+    assert rows["a free draft (c = 0)"]["c"] == 0 and rows["verification at one decode step"]["verify_steps"] == 1
+    # these costs: neither the goal's alpha alone nor either cost alone reaches 1.6x; all three together do
+    assert [r["meets_goal"] for r in rows.values()] == [False, False, False, False, False, True]
+    assert measured["alpha_needed"] > 0.6 and rows["all three (alpha 0.6)"]["alpha_needed"] < 0.6
+    # contrary data: a cheap draft that accepts well under the paper's costs meets the goal as measured
+    ideal = walltime.what_stops(_costs(draft=1.0, verify_steps=1.0, overhead=0.0), 0.8, goal_speedup=1.6,
+                                goal_alpha=0.6)
+    assert ideal[0]["meets_goal"] and ideal[0]["alpha_needed"] < 0.8

@@ -403,6 +403,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    ap.add_argument("--goal-speedup", type=float, default=1.6, help="the speedup the last table asks what stops")
+    ap.add_argument("--goal-alpha", type=float, default=0.6, help="the alpha that table tries in place of the measured")
     ap.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
     ap.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS),
                     help="linear-layer kernels to run every method with; each method is compared at its fastest")
@@ -477,6 +479,13 @@ def _print_costs(target, draft, prompts, runs: list[Run], args) -> None:
     print(f"alpha {alpha:.3f}, {per_forward:.2f} tokens per target forward; the generalised walltime model predicts "
           f"{walltime.predicted_speedup_in_run(runs):.2f}x with the costs timed in the runs, "
           f"{apart:.2f}x with the costs timed apart")
+    print(f"what keeps the run from {args.goal_speedup:g}x, by the walltime model with the in-run costs and one factor "
+          "changed at a time (alpha_needed: the alpha that reaches the goal at that row's costs; none: no alpha does):")
+    import pandas as pd
+
+    stops = pd.DataFrame(walltime.what_stops(costs, min(alpha, 1.0), goal_speedup=args.goal_speedup,
+                                             goal_alpha=args.goal_alpha))
+    print(stops.to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep="none"))
 
 
 def floor_ms(model, context: int, device=None, *, tokens: int = 1, bandwidth: float | None = None) -> float:

@@ -12,7 +12,7 @@ Two sources of costs:
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -91,12 +91,57 @@ def predicted_speedup_in_run(runs: list) -> float:
     With the costs timed where they were spent, the model's one remaining assumption is Leviathan's Eq. 1: that
     each draft token is accepted independently with probability alpha. Its error against the measured speedup
     is the error of that assumption (plus how the EOS and max_new_tokens cut the last iteration)."""
-    costs = iteration_costs(runs)
     alpha = pooled_alpha(r.stats for r in runs if r.method == "speculative" and r.stats is not None)
-    lengths = [g for g, k in costs.iterations.items() for _ in range(k)]  # the iterations the costs were timed on
+    return model_speedup(iteration_costs(runs), alpha)
+
+
+def model_speedup(costs: IterationCosts, alpha: float) -> float:
+    """The generalised walltime model with `costs` and acceptance rate `alpha`, over the iterations the costs were
+    timed on (their proposal lengths as they happened). `predicted_speedup_in_run` is this at the runs' alpha."""
+    lengths = [g for g, k in costs.iterations.items() for _ in range(k)]
     return theory.walltime_improvement_lengths(min(alpha, 1.0), lengths, t_target=costs.step_ms,
                                                t_draft=costs.draft_ms, t_verify=costs.verify_ms,
                                                t_overhead=costs.overhead_ms)
+
+
+def alpha_for_speedup(costs: IterationCosts, speedup: float, *, tol: float = 1e-6) -> float | None:
+    """The smallest alpha at which `model_speedup(costs, alpha)` reaches `speedup` (bisection: the model rises
+    with alpha); 0.0 if it is reached at alpha = 0, None if not even alpha = 1 reaches it at these costs."""
+    if model_speedup(costs, 1.0) < speedup:
+        return None
+    if model_speedup(costs, 0.0) >= speedup:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if model_speedup(costs, mid) < speedup else (lo, mid)
+    return hi
+
+
+def what_stops(costs: IterationCosts, alpha: float, *, goal_speedup: float, goal_alpha: float) -> list[dict]:
+    """Which factor keeps a speculative run from `goal_speedup`, and by how much: the generalised walltime model
+    at the measured alpha and in-run costs (`iteration_costs`), then with one factor changed at a time (alpha at
+    `goal_alpha`; a free draft; every verification costing one decode step, as Leviathan et al.'s model assumes;
+    both costs at once; all three). Each row has the factor changed (`change`), the alpha, the draft's cost c
+    (ms per drafted token over the decode step), the verification of the longest proposal in decode steps, the
+    model's speedup, whether it reaches the goal, and the alpha that would reach the goal at that row's costs
+    (`alpha_for_speedup`; None: no alpha does). These are the model's counterfactuals, not measurements: the
+    first row's speedup beside the measured one says how far to trust them."""
+    one_step = {g: costs.step_ms for g in costs.verify_ms}
+    scenarios = [("as measured", alpha, costs),
+                 (f"alpha at the goal ({goal_alpha:g})", goal_alpha, costs),
+                 ("a free draft (c = 0)", alpha, replace(costs, draft_ms=0.0)),
+                 ("verification at one decode step", alpha, replace(costs, verify_ms=one_step)),
+                 ("free draft, one-step verification", alpha, replace(costs, draft_ms=0.0, verify_ms=one_step)),
+                 (f"all three (alpha {goal_alpha:g})", goal_alpha, replace(costs, draft_ms=0.0, verify_ms=one_step))]
+    g_max = max(costs.verify_ms)
+    rows = []
+    for change, a, cs in scenarios:
+        speedup = model_speedup(cs, a)
+        rows.append(dict(change=change, alpha=a, c=cs.draft_ms / cs.step_ms, gamma=g_max,
+                         verify_steps=cs.verify_ms[g_max] / cs.step_ms, speedup=speedup,
+                         meets_goal=speedup >= goal_speedup, alpha_needed=alpha_for_speedup(cs, goal_speedup)))
+    return rows
 
 
 def predicted_speedup(alpha: float, gamma: int, *, ar_ms_per_token: float, draft_ms_per_token: float,
