@@ -84,3 +84,25 @@ def test_training_on_target_answers_lowers_the_loss(target):
                           id_map=D.full_to_cut(kept), log=lambda m: None)
     assert history[-1]["loss"] < 0.7 * history[0]["loss"]
     assert history[-1]["epoch"] == pytest.approx(30, abs=1)
+
+
+def test_a_skipped_set_takes_the_next_requests_and_an_unskipped_one_keeps_its_cache_key(monkeypatch):
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    pool = [("code", f"c{i}") for i in range(10)] + [("text", f"t{i}") for i in range(6)]
+    monkeypatch.setattr(distill, "distillation_requests", lambda seed: pool)
+    first = distill.DistillConfig(n_code=4, n_text=2)
+    second = distill.DistillConfig(n_code=5, n_text=3, skip_code=4, skip_text=2, temperature=0.8)
+    assert distill.requests(first) == ["c0", "c1", "c2", "c3", "t0", "t1"]
+    assert distill.requests(second) == ["c4", "c5", "c6", "c7", "c8", "t2", "t3", "t4"]
+    with pytest.raises(ValueError, match="only 6 code .* after skipping 4"):
+        distill.requests(distill.DistillConfig(n_code=7, n_text=1, skip_code=4))
+    # the key of a set without skips is the one it had before skips existed, so its cached answers still count
+    prompts = distill.requests(first)
+    old = {k: v for k, v in asdict(first).items() if k not in ("skip_code", "skip_text")}
+    h = hashlib.sha256("\x00".join(prompts).encode())
+    h.update(json.dumps(old | {"target": "t"}, sort_keys=True).encode())
+    assert distill.label_key(prompts, first, "t") == h.hexdigest()[:16]
+    assert distill.label_key(prompts, first, "t") != distill.label_key(prompts, second, "t")

@@ -230,8 +230,8 @@ def test_corpus_rows_carry_the_targets_labels_and_features():
 
 def test_sampled_answers_come_after_the_greedy_ones_and_answers_only_stops_before_training(monkeypatch):
     """`eagle_train --sampled-code/--sampled-text` asks `distill.target_answers` for a second set (sampled at the
-    given temperature, requests in another order); `concat_labels` keeps the greedy rows first, so their held-out
-    rows stay the same; `--answers-only` returns before any training."""
+    given temperature, to the requests after the greedy set's); `concat_labels` keeps the greedy rows first, so
+    their held-out rows stay the same; `--answers-only` returns before any training."""
     from specrepro import distill, eagle_train, models
 
     asked = []
@@ -251,7 +251,8 @@ def test_sampled_answers_come_after_the_greedy_ones_and_answers_only_stops_befor
                              "--answers-only"]) == 0
     greedy, sampled = asked
     assert greedy.temperature == 0 and (greedy.n_code, greedy.n_text, greedy.seed) == (768, 288, 0)
-    assert sampled.temperature == 0.7 and (sampled.n_code, sampled.n_text, sampled.seed) == (6, 2, 1)
+    assert sampled.temperature == 0.7 and (sampled.n_code, sampled.n_text, sampled.seed) == (6, 2, 0)
+    assert (sampled.skip_code, sampled.skip_text) == (768, 288)  # requests the greedy set did not use
     assert sampled.context == greedy.context and sampled.max_new_tokens == greedy.max_new_tokens
     first, second = (answers(None, None, c, target_id="") | {"features": torch.zeros(c.n_code + c.n_text, 4, 3)}
                      for c in (greedy, sampled))

@@ -37,21 +37,29 @@ class DistillConfig:
     top_k: int = 20  # target log-probabilities kept per answer position
     seed: int = 0  # request order and sampling
     batch: int = 32  # requests per batched generation (one shard)
+    skip_code: int = 0  # code requests of the seeded order passed over (answered in another set)
+    skip_text: int = 0  # text requests passed over
+
+
+SKIPS = ("skip_code", "skip_text")
 
 
 def requests(cfg: DistillConfig) -> list[str]:
-    """The chat-formatted requests: the first n_code code and n_text text requests in seeded order."""
+    """The chat-formatted requests: n_code code and n_text text requests in seeded order, after the first skip_code
+    and skip_text."""
     pool = distillation_requests(cfg.seed)
-    code = [r for k, r in pool if k == "code"][: cfg.n_code]
-    text = [r for k, r in pool if k == "text"][: cfg.n_text]
+    code = [r for k, r in pool if k == "code"][cfg.skip_code:][: cfg.n_code]
+    text = [r for k, r in pool if k == "text"][cfg.skip_text:][: cfg.n_text]
     if len(code) < cfg.n_code or len(text) < cfg.n_text:
-        raise ValueError(f"only {len(code)} code and {len(text)} text requests exist: lower n_code/n_text")
+        raise ValueError(f"only {len(code)} code and {len(text)} text requests exist after skipping {cfg.skip_code} "
+                         f"and {cfg.skip_text}: lower n_code/n_text")
     return code + text
 
 
 def label_key(prompts: list[str], cfg: DistillConfig, target_id: str) -> str:
     h = hashlib.sha256("\x00".join(prompts).encode())
-    h.update(json.dumps(asdict(cfg) | {"target": target_id}, sort_keys=True).encode())
+    fields = {k: v for k, v in asdict(cfg).items() if k not in SKIPS or v}  # unskipped sets keep their old keys
+    h.update(json.dumps(fields | {"target": target_id}, sort_keys=True).encode())
     return h.hexdigest()[:16]
 
 

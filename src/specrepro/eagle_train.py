@@ -8,9 +8,9 @@ top-k distribution (`train.distillation_loss`), averaged over draft depths 1..de
 Every 10th row is held out; the held-out top-1 agreement per depth is what alpha at gamma = depth can reach
 greedy (the depth-k agreement is measured with the draft's own states before it, as in the loop).
 
-`--sampled-code`/`--sampled-text` add the target's answers *sampled* at T = 0.8 to more requests (another order of
-the same pool): prefixes on-policy for sampled decoding, where the greedy answers are on-policy for greedy decoding
-only. `python -m specrepro.eagle_train` (or `make eagle`) generates or reuses the answers, trains and stores
+`--sampled-code`/`--sampled-text` add the target's answers *sampled* at T = 0.8 to requests the greedy set did not
+use: prefixes on-policy for sampled decoding, where the greedy answers are on-policy for greedy decoding only.
+`python -m specrepro.eagle_train` (or `make eagle`) generates or reuses the answers, trains and stores
 data/models/<name>/.
 """
 
@@ -248,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--corpus-rows", type=int, default=512, help="teacher-forced rows of stdlib code and plays "
                     "added to the answers (`corpus_labels`); 0: the answers alone")
     ap.add_argument("--sampled-code", type=int, default=0, help="sampled answers (at --sampled-temperature) to this "
-                    "many more code requests, drawn in another order (seed 1), added to the greedy answers; 0: none")
+                    "many more code requests (the next in the greedy set's order; 1,238 exist in all), added to the "
+                    "greedy answers; 0: none")
     ap.add_argument("--sampled-text", type=int, default=0, help="the same for text requests")
     ap.add_argument("--sampled-temperature", type=float, default=0.8, help="temperature of the sampled answers "
                     "(Chen et al.'s 0.8): prefixes on-policy for sampled decoding")
@@ -266,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     sampled = None
     if args.sampled_code or args.sampled_text:
         scfg = replace(dcfg, n_code=args.sampled_code, n_text=args.sampled_text, temperature=args.sampled_temperature,
-                       seed=1)
+                       skip_code=dcfg.n_code, skip_text=dcfg.n_text)
         sampled = distill.target_answers(target, tokenizer, scfg, target_id=models.GGUF_SHA256)
     if args.answers_only:
         return 0
