@@ -89,7 +89,7 @@ def test_training_on_target_answers_lowers_the_loss(target):
 def test_a_skipped_set_takes_the_next_requests_and_an_unskipped_one_keeps_its_cache_key(monkeypatch):
     import hashlib
     import json
-    from dataclasses import asdict
+    from dataclasses import asdict, replace
 
     pool = [("code", f"c{i}") for i in range(10)] + [("text", f"t{i}") for i in range(6)]
     monkeypatch.setattr(distill, "distillation_requests", lambda seed: pool)
@@ -101,8 +101,24 @@ def test_a_skipped_set_takes_the_next_requests_and_an_unskipped_one_keeps_its_ca
         distill.requests(distill.DistillConfig(n_code=7, n_text=1, skip_code=4))
     # the key of a set without skips is the one it had before skips existed, so its cached answers still count
     prompts = distill.requests(first)
-    old = {k: v for k, v in asdict(first).items() if k not in ("skip_code", "skip_text")}
+    old = {k: v for k, v in asdict(first).items() if k not in ("skip_code", "skip_text", "top_p")}
     h = hashlib.sha256("\x00".join(prompts).encode())
     h.update(json.dumps(old | {"target": "t"}, sort_keys=True).encode())
     assert distill.label_key(prompts, first, "t") == h.hexdigest()[:16]
-    assert distill.label_key(prompts, first, "t") != distill.label_key(prompts, second, "t")
+    for changed in (dict(skip_code=4), dict(skip_text=1), dict(top_p=0.95)):  # set, each is part of the key
+        assert distill.label_key(prompts, replace(first, **changed), "t") != distill.label_key(prompts, first, "t")
+
+
+def test_nucleus_sampled_answers_stay_inside_the_nucleus_and_keep_unwarped_labels(target):
+    prompts = [[1, 2, 3], [4, 5, 6, 7]]
+    g = torch.Generator().manual_seed(0)
+    # top-p this small keeps only the most likely token: a nucleus sample is the greedy answer
+    tight = distill.generate_batch(target, prompts, max_new_tokens=8, eos_token_id=0, top_k=5, temperature=0.8,
+                                   top_p=1e-6, generator=g)
+    greedy = distill.generate_batch(target, prompts, max_new_tokens=8, eos_token_id=0, top_k=5)
+    assert [a["answer"] for a in tight] == [a["answer"] for a in greedy]
+    assert all(torch.equal(a["topk_logp"], b["topk_logp"]) for a, b in zip(tight, greedy))  # labels: the target's p
+    # a wide nucleus at a high temperature leaves the greedy path somewhere
+    loose = distill.generate_batch(target, prompts, max_new_tokens=8, eos_token_id=0, top_k=5, temperature=2.0,
+                                   top_p=0.99, generator=g)
+    assert [a["answer"] for a in loose] != [a["answer"] for a in greedy]

@@ -1,5 +1,7 @@
 """The walltime model fed with measured costs: in-run costs from GenerationStats times, and the prediction."""
 
+import math
+
 import pytest
 import torch
 
@@ -169,10 +171,33 @@ def test_what_stops_changes_one_factor_at_a_time_and_its_verdicts_follow_the_dat
     assert measured["c"] == pytest.approx(3.2 / 34) and measured["verify_steps"] == pytest.approx(1.72)
     assert measured["speedup"] == pytest.approx(walltime.model_speedup(_costs(), 0.32)) and not measured["meets_goal"]
     assert rows["a free draft (c = 0)"]["c"] == 0 and rows["verification at one decode step"]["verify_steps"] == 1
-    # these costs: neither the goal's alpha alone nor either cost alone reaches 1.6x; all three together do
-    assert [r["meets_goal"] for r in rows.values()] == [False, False, False, False, False, True]
-    assert measured["alpha_needed"] > 0.6 and rows["all three (alpha 0.6)"]["alpha_needed"] < 0.6
+    assert rows["no loop overhead"]["overhead_steps"] == 0 < measured["overhead_steps"]
+    # Thm 3.8's costs give Thm 3.8's closed form
+    assert rows["all three costs as Thm 3.8 has them"]["speedup"] == pytest.approx(
+        theory.walltime_improvement(0.32, 4, 0.0))
+    # these costs: neither the goal's alpha alone nor any one cost alone reaches 1.6x; the goal's alpha at Thm 3.8's
+    # costs does
+    assert [r["meets_goal"] for r in rows.values()] == [False] * 6 + [True]
+    assert all(r["meets_goal"] == (r["alpha_needed"] <= r["alpha"]) for r in rows.values())
+    assert measured["alpha_needed"] > 0.6 and rows["Thm 3.8's costs and alpha 0.6"]["alpha_needed"] < 0.6
+    assert math.isnan(walltime.what_stops(_costs(), 0.32, goal_speedup=3.0, goal_alpha=0.6)[0]["alpha_needed"])
     # contrary data: a cheap draft that accepts well under the paper's costs meets the goal as measured
     ideal = walltime.what_stops(_costs(draft=1.0, verify_steps=1.0, overhead=0.0), 0.8, goal_speedup=1.6,
                                 goal_alpha=0.6)
     assert ideal[0]["meets_goal"] and ideal[0]["alpha_needed"] < 0.8
+    with pytest.raises(ValueError, match="goal_alpha must be in"):
+        walltime.what_stops(_costs(), 0.32, goal_speedup=1.6, goal_alpha=1.2)
+
+
+def test_what_stops_measures_against_the_baseline_given_and_sets_every_verification_to_one_step():
+    # a draft proposing 0 (a plain step, 30 ms here) or 3 tokens; the baseline is another method's 25 ms step
+    costs = walltime.IterationCosts(step_ms=30.0, draft_ms=0.0, verify_ms={0: 30.0, 3: 45.0}, overhead_ms=0.0,
+                                    iterations={0: 50, 3: 50})
+    rows = {r["change"]: r for r in walltime.what_stops(costs, 0.5, goal_speedup=1.2, goal_alpha=0.6,
+                                                        baseline_ms=25.0)}
+    as_measured = rows["as measured"]
+    # 50 x 1 + 50 x expected_tokens(0.5, 3) tokens in 50 x 30 + 50 x 45 ms, against 25 ms per token
+    assert as_measured["speedup"] == pytest.approx((50 + 50 * 1.875) * 25 / (50 * 30 + 50 * 45))
+    assert as_measured["verify_steps"] == pytest.approx(45 / 25)
+    one = rows["verification at one decode step"]  # both lengths at the baseline's 25 ms
+    assert one["speedup"] == pytest.approx((50 + 50 * 1.875) / 100)

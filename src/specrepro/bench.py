@@ -421,7 +421,10 @@ def main(argv: list[str] | None = None) -> int:
     from .data import encode_prompt
     from .models import load_draft, load_target, load_tokenizer
 
-    args = _parser().parse_args(argv)
+    ap = _parser()
+    args = ap.parse_args(argv)
+    if not 0 <= args.goal_alpha <= 1 or not args.goal_speedup > 0:
+        ap.error("--goal-alpha must be in [0, 1] and --goal-speedup > 0")
     dtype = getattr(torch, args.dtype)
     target = load_target(args.target, dtype=dtype, device=args.device)
     draft = load_draft(args.draft, dtype=dtype, device=args.device)
@@ -479,12 +482,15 @@ def _print_costs(target, draft, prompts, runs: list[Run], args) -> None:
     print(f"alpha {alpha:.3f}, {per_forward:.2f} tokens per target forward; the generalised walltime model predicts "
           f"{walltime.predicted_speedup_in_run(runs):.2f}x with the costs timed in the runs, "
           f"{apart:.2f}x with the costs timed apart")
-    print(f"what keeps the run from {args.goal_speedup:g}x, by the walltime model with the in-run costs and one factor "
-          "changed at a time (alpha_needed: the alpha that reaches the goal at that row's costs; none: no alpha does):")
+    print(f"what keeps the run from {args.goal_speedup:g}x, by the walltime model with the in-run costs against the "
+          "fastest autoregressive decoding's step, one factor changed at a time (alpha_needed: the alpha that reaches "
+          "the goal at that row's costs; none: no alpha does):")
     import pandas as pd
 
+    baseline = summary["speculative"]["baseline"]  # the fastest autoregressive method, ours or transformers'
     stops = pd.DataFrame(walltime.what_stops(costs, min(alpha, 1.0), goal_speedup=args.goal_speedup,
-                                             goal_alpha=args.goal_alpha))
+                                             goal_alpha=args.goal_alpha,
+                                             baseline_ms=summary[baseline]["decode_ms_per_token"]))
     print(stops.to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep="none"))
 
 

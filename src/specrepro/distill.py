@@ -25,6 +25,7 @@ import torch
 from . import paths
 from .data import chat, distillation_requests
 from .kvcache import make_cache, model_forward
+from .sampling import SamplingConfig, probs_from_logits
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class DistillConfig:
     max_new_tokens: int = 160  # answer length cap (answers end at EOS before that)
     context: int = 512  # tokens per training row: request + answer, longer requests lose their start
     temperature: float = 0.0  # 0: the target's greedy answers (on-policy for T = 0); > 0: sampled answers
+    top_p: float | None = None  # nucleus sampling of the sampled answers (None: the whole distribution at temperature)
     top_k: int = 20  # target log-probabilities kept per answer position
     seed: int = 0  # request order and sampling
     batch: int = 32  # requests per batched generation (one shard)
@@ -41,7 +43,8 @@ class DistillConfig:
     skip_text: int = 0  # text requests passed over
 
 
-SKIPS = ("skip_code", "skip_text")
+LATER_FIELDS = {"skip_code": 0, "skip_text": 0, "top_p": None}  # fields added after sets were cached: left out of
+# the key at these values, so those sets keep their keys
 
 
 def requests(cfg: DistillConfig) -> list[str]:
@@ -58,14 +61,15 @@ def requests(cfg: DistillConfig) -> list[str]:
 
 def label_key(prompts: list[str], cfg: DistillConfig, target_id: str) -> str:
     h = hashlib.sha256("\x00".join(prompts).encode())
-    fields = {k: v for k, v in asdict(cfg).items() if k not in SKIPS or v}  # unskipped sets keep their old keys
+    fields = {k: v for k, v in asdict(cfg).items() if k not in LATER_FIELDS or v != LATER_FIELDS[k]}
     h.update(json.dumps(fields | {"target": target_id}, sort_keys=True).encode())
     return h.hexdigest()[:16]
 
 
 @torch.no_grad()
 def generate_batch(target, prompt_ids: list[list[int]], *, max_new_tokens: int, eos_token_id: int, top_k: int,
-                   temperature: float = 0.0, generator: torch.Generator | None = None) -> list[dict]:
+                   temperature: float = 0.0, top_p: float | None = None, generator: torch.Generator | None = None
+                   ) -> list[dict]:
     """Answer a batch of prompts with one left-padded KV-cached decode, keeping the target's top-k log-probs.
     A row that reaches EOS leaves the batch (and the cache), so short answers cost no more than their length.
 
@@ -90,8 +94,11 @@ def generate_batch(target, prompt_ids: list[list[int]], *, max_new_tokens: int, 
         top = logp.topk(top_k, dim=-1)
         if temperature == 0:
             nxt = logits.argmax(-1)
-        else:
+        elif top_p is None:
             nxt = torch.multinomial((logp / temperature).softmax(-1), 1, generator=generator).squeeze(-1)
+        else:  # the labels stay the unwarped distribution: the draft learns p, the loop warps both alike
+            probs = probs_from_logits(logits, SamplingConfig(temperature=temperature, top_p=top_p))
+            nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
         for i, (b, t) in enumerate(zip(live, nxt.tolist())):
             answers[b].append(t)
             top_ids[b].append(top.indices[i].int().cpu())
@@ -149,7 +156,8 @@ def target_answers(target, tokenizer, cfg: DistillConfig, *, target_id: str, log
         part = encoded[s * cfg.batch:(s + 1) * cfg.batch]
         g = torch.Generator().manual_seed(cfg.seed * 100_003 + s)
         answers = generate_batch(target, part, max_new_tokens=cfg.max_new_tokens, top_k=cfg.top_k,
-                                 eos_token_id=tokenizer.eos_token_id, temperature=cfg.temperature, generator=g)
+                                 eos_token_id=tokenizer.eos_token_id, temperature=cfg.temperature, top_p=cfg.top_p,
+                                 generator=g)
         rows = [pack(p, a, cfg.context, tokenizer.eos_token_id) for p, a in zip(part, answers)]
         with paths.writing_file(path) as tmp:
             torch.save({name: torch.stack([r[i] for r in rows]) for i, name in

@@ -8,8 +8,11 @@ top-k distribution (`train.distillation_loss`), averaged over draft depths 1..de
 Every 10th row is held out; the held-out top-1 agreement per depth is what alpha at gamma = depth can reach
 greedy (the depth-k agreement is measured with the draft's own states before it, as in the loop).
 
-`--sampled-code`/`--sampled-text` add the target's answers *sampled* at T = 0.8 to requests the greedy set did not
-use: prefixes on-policy for sampled decoding, where the greedy answers are on-policy for greedy decoding only.
+`--sampled-code`/`--sampled-text` add the target's answers *sampled* at T = 0.8 with top-p 0.95 to requests the
+greedy set did not use: prefixes on-policy for the sampled decoding of 03 and 07, where the greedy answers are
+on-policy for greedy decoding only. They come after the greedy rows, so the greedy rows held out stay the same; the
+manifest's held-out agreement then averages over the sampled rows held out too, so compare drafts trained on
+different sets with `--evaluate` (the greedy set's held-out rows alone).
 `python -m specrepro.eagle_train` (or `make eagle`) generates or reuses the answers, trains and stores
 data/models/<name>/.
 """
@@ -252,14 +255,17 @@ def main(argv: list[str] | None = None) -> int:
                     "greedy answers; 0: none")
     ap.add_argument("--sampled-text", type=int, default=0, help="the same for text requests")
     ap.add_argument("--sampled-temperature", type=float, default=0.8, help="temperature of the sampled answers "
-                    "(Chen et al.'s 0.8): prefixes on-policy for sampled decoding")
+                    "(Chen et al.'s 0.8)")
+    ap.add_argument("--sampled-top-p", type=float, default=0.95, help="their top-p (03 and 07 sample at T = 0.8 with "
+                    "top-p 0.95): prefixes on-policy for that sampled decoding")
     ap.add_argument("--answers-only", action="store_true", help="generate (or finish generating) the answers into "
                     "data/cache/distill/, then exit: a resumable first half of a long run")
     ap.add_argument("--regress", type=float, default=FeatureDraftConfig.regress)
     ap.add_argument("--lr", type=float, default=FeatureDraftConfig.train.lr)
     ap.add_argument("--folder", type=Path, default=paths.MODELS)
     ap.add_argument("--evaluate", type=Path, help="only print a stored draft's top-1 agreement per depth on the "
-                    "answers' training and held-out rows (a check for overfitting), then exit")
+                    "answers' training and held-out rows (a check for overfitting; the sampled answers' too where "
+                    "--sampled-code/--sampled-text are given), then exit")
     args = ap.parse_args(argv)
     target, tokenizer = models.load_target(), models.load_tokenizer()
     dcfg = distill.DistillConfig(n_code=args.n_code, n_text=args.n_text, max_new_tokens=128, context=384)
@@ -267,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     sampled = None
     if args.sampled_code or args.sampled_text:
         scfg = replace(dcfg, n_code=args.sampled_code, n_text=args.sampled_text, temperature=args.sampled_temperature,
-                       skip_code=dcfg.n_code, skip_text=dcfg.n_text)
+                       top_p=args.sampled_top_p, skip_code=dcfg.n_code, skip_text=dcfg.n_text)
         sampled = distill.target_answers(target, tokenizer, scfg, target_id=models.GGUF_SHA256)
     if args.answers_only:
         return 0
@@ -276,10 +282,14 @@ def main(argv: list[str] | None = None) -> int:
 
         draft = load(args.evaluate, target=target)
         cfg = FeatureDraftConfig(feature_layers=draft.target_features)
-        feats = cached_features(target, labels, cfg, labels["key"])
-        held = torch.arange(labels["tokens"].shape[0]) % cfg.holdout == cfg.holdout - 1
-        for name, rows in (("training rows", (~held).nonzero()[:, 0]), ("held-out rows", held.nonzero()[:, 0])):
-            print(f"{name}: top-1 agreement by depth {[round(a, 3) for a in agreement(draft, labels, feats, rows)]}")
+        for set_name, part in (("greedy answers", labels), ("sampled answers", sampled)):
+            if part is None:
+                continue
+            feats = cached_features(target, part, cfg, part["key"])
+            held = torch.arange(part["tokens"].shape[0]) % cfg.holdout == cfg.holdout - 1
+            for name, rows in (("training rows", (~held).nonzero()[:, 0]), ("held-out rows", held.nonzero()[:, 0])):
+                print(f"{set_name}, {name}: top-1 agreement by depth "
+                      f"{[round(a, 3) for a in agreement(draft, part, feats, rows)]}")
         return 0
     layers = (target.config.num_hidden_layers,) if args.regress > 0 else FeatureDraftConfig.feature_layers
     cfg = FeatureDraftConfig(name=args.name, layers=args.layers, depth=args.depth, regress=args.regress,
@@ -296,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     save(args.folder / cfg.name, draft, fields | {"target": models.GGUF_SHA256, "corpus_rows": args.corpus_rows,
                                                   "sampled_answers": None if sampled is None else dict(
                                                       code=args.sampled_code, text=args.sampled_text,
-                                                      temperature=args.sampled_temperature)})
+                                                      temperature=args.sampled_temperature, top_p=args.sampled_top_p,
+                                                      skip=[dcfg.n_code, dcfg.n_text], key=sampled["key"])})
     return 0
 
 
