@@ -259,3 +259,48 @@ def test_sampled_answers_come_after_the_greedy_ones_and_answers_only_stops_befor
     both = eagle_train.concat_labels(first, second)
     assert both["tokens"].shape[0] == 1056 + 8 and both["key"] == f"{first['key']}+{second['key']}"
     assert both["tokens"][:1056].eq(first["tokens"]).all() and both["features"].shape == (1064, 4, 3)
+
+
+def test_agreement_by_row_pools_to_what_training_measures_and_its_intervals_can_say_no(feature_pair):
+    """`agreement_by_row` counts, per answer and depth, the positions where the draft's top-1 is the target's; pooled
+    they equal `batch_loss`'s agreement over the same rows at once. `acceptance.agreement_intervals` brackets the
+    pooled value; `agreement_difference` puts a draft against itself at exactly 0 and a draft that agrees
+    everywhere above it, with an interval that excludes 0 (the contrary verdict), and refuses unmatched rows."""
+    import numpy as np
+
+    from specrepro.acceptance import agreement_difference, agreement_intervals
+    from specrepro.drafts import full_to_cut
+    from specrepro.eagle_train import agreement_by_row, batch_loss
+
+    target, draft = feature_pair
+    g = torch.Generator().manual_seed(1)
+    N, T, k = 12, 10, 3
+    tokens = torch.randint(0, V, (N, T), generator=g)
+    mask = torch.arange(T)[None] < torch.randint(3, T + 1, (N, 1), generator=g)  # answers of different lengths
+    mask[:, 0] = False  # the request's token
+    with torch.no_grad():
+        out = target(input_ids=tokens, output_hidden_states=True)
+    feats = torch.cat([out.hidden_states[i] for i in draft.target_features], -1).float()
+    top = out.logits.float().log_softmax(-1).topk(k, -1)
+    labels = dict(tokens=tokens, mask=mask, topk_ids=top.indices.int(), topk_logp=top.values.half())
+    rows = torch.arange(N)
+    with torch.no_grad():
+        hits, scored = agreement_by_row(draft, labels, feats, rows, depth=2)
+        _, pooled = batch_loss(draft, tokens, feats, mask, full_to_cut(draft.head.kept)[top.indices.long()],
+                               top.values.half(), 2)
+    assert scored[:, 0].tolist() == mask.sum(1).float().tolist()
+    assert (hits <= scored).all() and (hits >= 0).all()
+    for d in range(2):
+        assert float(hits[:, d].sum() / scored[:, d].sum()) == pytest.approx(pooled[d], abs=1e-6)
+    ivs = agreement_intervals(hits, scored, n_boot=500)
+    assert all(iv.lo <= iv.estimate <= iv.hi and iv.n_units == N for iv in ivs)
+    same = agreement_difference((hits, scored), (hits, scored), n_boot=500)
+    assert all(iv.estimate == iv.lo == iv.hi == 0 for iv in same)
+    better = agreement_difference((hits, scored), (scored.clone(), scored), n_boot=500)
+    assert all(iv.lo > 0 for iv in better), better  # a draft agreeing everywhere is reliably ahead
+    worse = agreement_difference((scored.clone(), scored), (hits, scored), n_boot=500)
+    assert all(iv.hi < 0 for iv in worse)
+    with pytest.raises(ValueError, match="same rows"):
+        agreement_difference((hits, scored), (hits[:5], scored[:5]))
+    with pytest.raises(ValueError, match="hits <= scored"):
+        agreement_intervals(np.ones((2, 1)) * 3, np.ones((2, 1)))

@@ -13,9 +13,10 @@ import hashlib
 import json
 import random
 
+import numpy as np
 import torch
 
-from . import paths
+from . import intervals, paths
 from .data import encode_prompt, format_prompt, load_prompts
 from .generate import autoregressive_generate, preceding_features
 from .kvcache import concat_features
@@ -108,3 +109,77 @@ def expected_acceptance(target, draft, samples: list[dict], cfg: SamplingConfig,
         b = betas(tl, position_logits(draft, s["prompt_ids"], s["new_ids"], target=target), cfg)
         total, count = total + float(b.sum()), count + b.numel()
     return total / count if count else float("nan")
+
+
+def agreement_intervals(hits, scored, *, n_boot: int = 2000, seed: int = 0) -> list[intervals.Interval]:
+    """Per draft depth, the pooled top-1 agreement sum(hits) / sum(scored) with its percentile-bootstrap interval
+    over rows (one request's answer each): `hits`, `scored` are (rows, depth) counts from
+    `eagle_train.agreement_by_row`. Greedy, the depth-1 agreement is alpha at gamma = 1 (Leviathan Def. 3.1)."""
+    hits, scored = np.asarray(hits, dtype=np.float64), np.asarray(scored, dtype=np.float64)
+    if hits.ndim != 2 or hits.shape != scored.shape or (hits > scored).any():
+        raise ValueError(f"hits and scored must be (rows, depth) counts with hits <= scored; got shapes {hits.shape} "
+                         f"and {scored.shape}")
+    return [intervals.bootstrap(intervals.ratio_of_sums, hits[:, k], scored[:, k], n_boot=n_boot, seed=seed)
+            for k in range(hits.shape[1])]
+
+
+def agreement_difference(a, b, *, n_boot: int = 2000, seed: int = 0) -> list[intervals.Interval]:
+    """Per depth, draft b's pooled agreement minus draft a's on the same rows, with a paired bootstrap interval over
+    rows. a and b are (hits, scored) pairs from `eagle_train.agreement_by_row` on one labels set and one selection
+    of rows, so `scored` is the same array in both."""
+    (ha, sa), (hb, sb) = ([np.asarray(x, dtype=np.float64) for x in pair] for pair in (a, b))
+    if ha.shape != hb.shape or not np.array_equal(sa, sb):
+        raise ValueError("the two drafts must be scored on the same rows and positions (one labels set, one selection "
+                         f"of rows, one depth); got shapes {ha.shape} and {hb.shape}")
+
+    def diff(x, y, n):
+        return float((y.sum() - x.sum()) / n.sum())
+
+    return [intervals.bootstrap(diff, ha[:, k], hb[:, k], sa[:, k], n_boot=n_boot, seed=seed)
+            for k in range(ha.shape[1])]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m specrepro.acceptance DRAFT [DRAFT ...]`: stored feature drafts' top-1 agreement with the target per
+    depth on the training answers' training and held-out rows (a check for overfitting), each with its interval over
+    rows, and each later draft's paired difference from the first."""
+    import argparse
+    from pathlib import Path
+
+    from . import models
+    from .eagle import load
+    from .eagle_train import FeatureDraftConfig, agreement_by_row, answer_sets, cached_features
+
+    ap = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    ap.add_argument("drafts", type=Path, nargs="+", help="feature-draft folders (data/models/<name>)")
+    ap.add_argument("--sampled-code", type=int, default=0, help="score on the sampled answers too: as many code "
+                    "requests as `eagle_train --sampled-code` used (470 for the shipped sampled set)")
+    ap.add_argument("--sampled-text", type=int, default=0, help="the same for text requests (586)")
+    args = ap.parse_args(argv)
+    target, tokenizer = models.load_target(), models.load_tokenizer()
+    _, labels, sampled = answer_sets(target, tokenizer, sampled_code=args.sampled_code, sampled_text=args.sampled_text)
+    drafts = [load(path, target=target) for path in args.drafts]
+
+    def show(values) -> str:
+        return "; ".join(f"depth {k}: {iv}" for k, iv in enumerate(values, 1))
+
+    holdout = FeatureDraftConfig.holdout
+    for set_name, part in (("greedy answers", labels), ("sampled answers", sampled)):
+        if part is None:
+            continue
+        held = torch.arange(part["tokens"].shape[0]) % holdout == holdout - 1
+        for rows_name, rows in (("training rows", (~held).nonzero()[:, 0]), ("held-out rows", held.nonzero()[:, 0])):
+            scores = []
+            for path, draft in zip(args.drafts, drafts):
+                feats = cached_features(target, part, FeatureDraftConfig(feature_layers=draft.target_features),
+                                        part["key"])
+                scores.append(agreement_by_row(draft, part, feats, rows))
+                print(f"{path.name}, {set_name}, {rows_name}: top-1 agreement {show(agreement_intervals(*scores[-1]))}")
+            for path, score in zip(args.drafts[1:], scores[1:]):
+                print(f"{path.name} minus {args.drafts[0].name}, {set_name}, {rows_name}, paired over rows: "
+                      f"{show(agreement_difference(scores[0], score))}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

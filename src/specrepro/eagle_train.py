@@ -12,7 +12,7 @@ greedy (the depth-k agreement is measured with the draft's own states before it,
 greedy set did not use: prefixes on-policy for the sampled decoding of 03 and 07, where the greedy answers are
 on-policy for greedy decoding only. They come after the greedy rows, so the greedy rows held out stay the same; the
 manifest's held-out agreement then averages over the sampled rows held out too, so compare drafts trained on
-different sets with `--evaluate` (the greedy set's held-out rows alone).
+different sets with `python -m specrepro.acceptance` (the greedy set's held-out rows alone, with intervals).
 `python -m specrepro.eagle_train` (or `make eagle`) generates or reuses the answers, trains and stores
 data/models/<name>/.
 """
@@ -220,26 +220,45 @@ def train(target, labels: dict, cfg: FeatureDraftConfig = FeatureDraftConfig(), 
 
 
 @torch.no_grad()
-def agreement(draft: FeatureDraft, labels: dict, features: torch.Tensor, rows: torch.Tensor, depth: int = 2,
-              batch_rows: int = 8) -> list[float]:
-    """Top-1 agreement with the target per draft depth over `rows` of `labels` (answer positions only), weighted by
-    labelled positions, as `train` measures it on the held-out rows."""
+def agreement_by_row(draft: FeatureDraft, labels: dict, features: torch.Tensor, rows: torch.Tensor, depth: int = 2
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of `rows` and per draft depth k: how many labelled positions the depth-k draft predicts the target's
+    top-1 at, and how many it is scored at (answer positions j >= k - 1), as `train` scores them. Two (rows, depth)
+    tensors of counts; a row (one request's answer) is the unit the intervals resample."""
     table = full_to_cut(draft.head.kept)
-    agree, count = [0.0] * depth, 0
-    for s in range(0, len(rows), batch_rows):
-        idx = rows[s:s + batch_rows]
-        w = int(labels["mask"][idx].sum())
-        _, ag = batch_loss(draft, labels["tokens"][idx], features[idx], labels["mask"][idx],
-                           table[labels["topk_ids"][idx].long()], labels["topk_logp"][idx], depth)
-        agree, count = [a + x * w for a, x in zip(agree, ag)], count + w
-    return [a / count for a in agree]
+    hits, scored = torch.zeros(len(rows), depth), torch.zeros(len(rows), depth)
+    for i, r in enumerate(rows.tolist()):
+        mask = labels["mask"][r:r + 1]
+        _, ag = batch_loss(draft, labels["tokens"][r:r + 1], features[r:r + 1], mask,
+                           table[labels["topk_ids"][r:r + 1].long()], labels["topk_logp"][r:r + 1], depth)
+        for k in range(depth):
+            scored[i, k] = mask[:, k:].sum()
+            hits[i, k] = ag[k] * scored[i, k] if scored[i, k] else 0.0
+    return hits.round(), scored
+
+
+def answer_sets(target, tokenizer, *, n_code: int = 768, n_text: int = 288, sampled_code: int = 0,
+                sampled_text: int = 0, temperature: float = 0.8, top_p: float = 0.95):
+    """The target's greedy answers to n_code + n_text chat-formatted requests (`distill.target_answers`, cached), and
+    where sampled_code or sampled_text is given its answers sampled at `temperature`/`top_p` to that many of the
+    requests after them (None otherwise). Returns (the greedy set's DistillConfig, greedy labels, sampled labels)."""
+    from . import distill, models
+
+    dcfg = distill.DistillConfig(n_code=n_code, n_text=n_text, max_new_tokens=128, context=384)
+    labels = distill.target_answers(target, tokenizer, dcfg, target_id=models.GGUF_SHA256)
+    sampled = None
+    if sampled_code or sampled_text:
+        scfg = replace(dcfg, n_code=sampled_code, n_text=sampled_text, temperature=temperature, top_p=top_p,
+                       skip_code=dcfg.n_code, skip_text=dcfg.n_text)
+        sampled = distill.target_answers(target, tokenizer, scfg, target_id=models.GGUF_SHA256)
+    return dcfg, labels, sampled
 
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m specrepro.eagle_train`: generate (or reuse) the target's answers, train and store the draft."""
     import argparse
 
-    from . import distill, models
+    from . import models
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--name", default=FeatureDraftConfig.name)
@@ -263,33 +282,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--regress", type=float, default=FeatureDraftConfig.regress)
     ap.add_argument("--lr", type=float, default=FeatureDraftConfig.train.lr)
     ap.add_argument("--folder", type=Path, default=paths.MODELS)
-    ap.add_argument("--evaluate", type=Path, help="only print a stored draft's top-1 agreement per depth on the "
-                    "answers' training and held-out rows (a check for overfitting; the sampled answers' too where "
-                    "--sampled-code/--sampled-text are given), then exit")
     args = ap.parse_args(argv)
     target, tokenizer = models.load_target(), models.load_tokenizer()
-    dcfg = distill.DistillConfig(n_code=args.n_code, n_text=args.n_text, max_new_tokens=128, context=384)
-    labels = distill.target_answers(target, tokenizer, dcfg, target_id=models.GGUF_SHA256)
-    sampled = None
-    if args.sampled_code or args.sampled_text:
-        scfg = replace(dcfg, n_code=args.sampled_code, n_text=args.sampled_text, temperature=args.sampled_temperature,
-                       top_p=args.sampled_top_p, skip_code=dcfg.n_code, skip_text=dcfg.n_text)
-        sampled = distill.target_answers(target, tokenizer, scfg, target_id=models.GGUF_SHA256)
+    dcfg, labels, sampled = answer_sets(target, tokenizer, n_code=args.n_code, n_text=args.n_text,
+                                        sampled_code=args.sampled_code, sampled_text=args.sampled_text,
+                                        temperature=args.sampled_temperature, top_p=args.sampled_top_p)
     if args.answers_only:
-        return 0
-    if args.evaluate:
-        from .eagle import load
-
-        draft = load(args.evaluate, target=target)
-        cfg = FeatureDraftConfig(feature_layers=draft.target_features)
-        for set_name, part in (("greedy answers", labels), ("sampled answers", sampled)):
-            if part is None:
-                continue
-            feats = cached_features(target, part, cfg, part["key"])
-            held = torch.arange(part["tokens"].shape[0]) % cfg.holdout == cfg.holdout - 1
-            for name, rows in (("training rows", (~held).nonzero()[:, 0]), ("held-out rows", held.nonzero()[:, 0])):
-                print(f"{set_name}, {name}: top-1 agreement by depth "
-                      f"{[round(a, 3) for a in agreement(draft, part, feats, rows)]}")
         return 0
     layers = (target.config.num_hidden_layers,) if args.regress > 0 else FeatureDraftConfig.feature_layers
     cfg = FeatureDraftConfig(name=args.name, layers=args.layers, depth=args.depth, regress=args.regress,
