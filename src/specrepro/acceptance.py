@@ -155,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sampled-code", type=int, default=0, help="score on the sampled answers too: as many code "
                     "requests as `eagle_train --sampled-code` used (470 for the shipped sampled set)")
     ap.add_argument("--sampled-text", type=int, default=0, help="the same for text requests (586)")
+    ap.add_argument("--held-out-only", action="store_true", help="skip the training rows (ten times as many)")
     args = ap.parse_args(argv)
     target, tokenizer = models.load_target(), models.load_tokenizer()
     _, labels, sampled = answer_sets(target, tokenizer, sampled_code=args.sampled_code, sampled_text=args.sampled_text)
@@ -169,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         held = torch.arange(part["tokens"].shape[0]) % holdout == holdout - 1
         for rows_name, rows in (("training rows", (~held).nonzero()[:, 0]), ("held-out rows", held.nonzero()[:, 0])):
+            if args.held_out_only and rows_name == "training rows":
+                continue
             scores = []
             for path, draft in zip(args.drafts, drafts):
                 feats = cached_features(target, part, FeatureDraftConfig(feature_layers=draft.target_features),
