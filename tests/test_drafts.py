@@ -175,8 +175,10 @@ def test_shipped_small_drafts_load_with_the_target_vocabulary(name):
 def test_shipped_drafts_fit_the_size_budget():
     # the drafts ship in the repository: 45 MB in all (the ladder stores only what differs from the target); the
     # budget was 25 MB until the feature draft (10.4 MB: a decoder layer at the target's width, in bf16) came, and
-    # 35 MB until its 8-epoch retraining feature-1-e8 shipped beside it (03, 06 and 07's committed outputs report
-    # feature-1; once they are rerun with feature-1-e8, feature-1 can go and the budget return to 35 MB)
+    # 35 MB until its retraining on sampled answers, feature-1-s8, shipped beside it (06 and 07's committed outputs
+    # report feature-1; once they are rerun with feature-1-s8, feature-1 can go and the budget return to 35 MB).
+    # feature-1-e8 (8 epochs, greedy answers only) was replaced by feature-1-s8: `make eagle NAME=feature-1-e8
+    # EPOCHS=8` remakes it
     total = sum(f.stat().st_size for f in MODELS_DIR.rglob("*") if f.is_file())
     assert total <= 45e6
 

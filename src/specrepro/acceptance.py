@@ -165,10 +165,13 @@ def main(argv: list[str] | None = None) -> int:
         return "; ".join(f"depth {k}: {iv}" for k, iv in enumerate(values, 1))
 
     holdout = FeatureDraftConfig.holdout
-    for set_name, part in (("greedy answers", labels), ("sampled answers", sampled)):
+    # `eagle_train` holds out every holdout-th row of the greedy answers followed by the sampled ones, so a sampled
+    # row's place in that concatenation, not in its own set, says whether a draft trained on both saw it
+    for set_name, part, offset in (("greedy answers", labels, 0),
+                                   ("sampled answers", sampled, labels["tokens"].shape[0])):
         if part is None:
             continue
-        held = torch.arange(part["tokens"].shape[0]) % holdout == holdout - 1
+        held = (offset + torch.arange(part["tokens"].shape[0])) % holdout == holdout - 1
         for rows_name, rows in (("training rows", (~held).nonzero()[:, 0]), ("held-out rows", held.nonzero()[:, 0])):
             if args.held_out_only and rows_name == "training rows":
                 continue
