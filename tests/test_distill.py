@@ -122,3 +122,13 @@ def test_nucleus_sampled_answers_stay_inside_the_nucleus_and_keep_unwarped_label
     loose = distill.generate_batch(target, prompts, max_new_tokens=8, eos_token_id=0, top_k=5, temperature=2.0,
                                    top_p=0.99, generator=g)
     assert [a["answer"] for a in loose] != [a["answer"] for a in greedy]
+
+
+def test_held_out_counts_rows_from_the_start_of_the_training_set():
+    # the split eagle_train and the ladder train with; scoring a later set (the sampled answers after 1,056 greedy
+    # ones) must count from the start of the concatenation, or rows the draft trained on read as held out
+    from specrepro.distill import held_out
+
+    assert held_out(20, 10).nonzero()[:, 0].tolist() == [9, 19]
+    assert held_out(20, 10, offset=1056).nonzero()[:, 0].tolist() == [3, 13]
+    assert not held_out(9, 10).any()

@@ -147,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     from pathlib import Path
 
     from . import models
+    from .distill import held_out
     from .eagle import load
     from .eagle_train import FeatureDraftConfig, agreement_by_row, answer_sets, cached_features
 
@@ -164,22 +165,21 @@ def main(argv: list[str] | None = None) -> int:
     def show(values) -> str:
         return "; ".join(f"depth {k}: {iv}" for k, iv in enumerate(values, 1))
 
-    holdout = FeatureDraftConfig.holdout
     # `eagle_train` holds out every holdout-th row of the greedy answers followed by the sampled ones, so a sampled
     # row's place in that concatenation, not in its own set, says whether a draft trained on both saw it
     for set_name, part, offset in (("greedy answers", labels, 0),
                                    ("sampled answers", sampled, labels["tokens"].shape[0])):
         if part is None:
             continue
-        held = (offset + torch.arange(part["tokens"].shape[0])) % holdout == holdout - 1
+        held = held_out(part["tokens"].shape[0], FeatureDraftConfig.holdout, offset)
+        feats = {layers: cached_features(target, part, FeatureDraftConfig(feature_layers=layers), part["key"])
+                 for layers in {draft.target_features for draft in drafts}}  # one read per set and feature layers
         for rows_name, rows in (("training rows", (~held).nonzero()[:, 0]), ("held-out rows", held.nonzero()[:, 0])):
             if args.held_out_only and rows_name == "training rows":
                 continue
             scores = []
             for path, draft in zip(args.drafts, drafts):
-                feats = cached_features(target, part, FeatureDraftConfig(feature_layers=draft.target_features),
-                                        part["key"])
-                scores.append(agreement_by_row(draft, part, feats, rows))
+                scores.append(agreement_by_row(draft, part, feats[draft.target_features], rows))
                 print(f"{path.name}, {set_name}, {rows_name}: top-1 agreement {show(agreement_intervals(*scores[-1]))}")
             for path, score in zip(args.drafts[1:], scores[1:]):
                 print(f"{path.name} minus {args.drafts[0].name}, {set_name}, {rows_name}, paired over rows: "

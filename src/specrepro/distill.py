@@ -47,6 +47,14 @@ LATER_FIELDS = {"skip_code": 0, "skip_text": 0, "top_p": None}  # fields added a
 # the key at these values, so those sets keep their keys
 
 
+def held_out(n_rows: int, holdout: int, offset: int = 0) -> torch.Tensor:
+    """Which of n_rows labelled rows a strided split keeps out of training: every holdout-th row, counted from the
+    start of the set the rows were trained in (`offset` rows before them, e.g. the greedy answers before the sampled
+    ones in `eagle_train`). (n_rows,) bool. The ladder and the feature draft split their answers this way; scoring a
+    draft later must use the same rule, or rows it trained on read as held out."""
+    return (offset + torch.arange(n_rows)) % holdout == holdout - 1
+
+
 def requests(cfg: DistillConfig) -> list[str]:
     """The chat-formatted requests: n_code code and n_text text requests in seeded order, after the first skip_code
     and skip_text."""

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from . import paths
+from .distill import held_out
 from .drafts import cut_vocabulary, full_to_cut
 from .eagle import FEATURE_LAYERS, FeatureDraft, save
 from .kvcache import concat_features
@@ -151,7 +152,7 @@ def train(target, labels: dict, cfg: FeatureDraftConfig = FeatureDraftConfig(), 
           cache_features: bool = True) -> tuple[FeatureDraft, dict]:
     """Train a feature draft on `labels` (`distill.target_answers`); returns it and its manifest fields. The
     target's features are cached by the labels' key (`cached_features`) unless `cache_features` is false."""
-    held = torch.arange(labels["tokens"].shape[0]) % cfg.holdout == cfg.holdout - 1
+    held = held_out(labels["tokens"].shape[0], cfg.holdout)
     parts = {name: {k: v[rows] for k, v in labels.items() if isinstance(v, torch.Tensor)}
              for name, rows in (("train", ~held), ("val", held))}
     kept = cut_vocabulary(parts["train"]["tokens"], parts["train"]["topk_ids"], cfg.keep)

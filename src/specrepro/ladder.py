@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from . import paths
+from . import distill, paths
 from .drafts import cut_vocabulary, full_to_cut
 from .lens import LensDraft, save_lens
 from .train import TrainConfig, distillation_loss, lr_at
@@ -119,7 +119,7 @@ def build_ladder(target, labels: dict, cfg: LadderConfig = LadderConfig(), *, ta
     """Train and store one lens draft per entry of `cfg.layers` on the distillation `labels`
     (`distill.target_answers`). Every `cfg.holdout`-th row is held out and scored (rows come sorted by prompt
     length, and the long prompts are mostly Shakespeare, so a strided split holds out both tasks alike)."""
-    held = torch.arange(labels["tokens"].shape[0]) % cfg.holdout == cfg.holdout - 1
+    held = distill.held_out(labels["tokens"].shape[0], cfg.holdout)
     split = {part: {k: v[rows] for k, v in labels.items() if isinstance(v, torch.Tensor)}
              for part, rows in (("train", ~held), ("val", held))}
     kept_of = {n: cut_vocabulary(split["train"]["tokens"], split["train"]["topk_ids"], n)
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m specrepro.ladder`: generate (or reuse) the target's answers, train and store the ladder."""
     import argparse
 
-    from . import distill, models
+    from . import models
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, nargs="+", default=list(LAYERS))
