@@ -298,3 +298,26 @@ def test_a_feature_draft_runs_ours_beside_transformers_with_another_draft(pair):
     with pytest.raises(TypeError, match="has no transformers equivalent.*as hf_draft"):
         bench.run_bench(target, feature, [torch.tensor([[1, 2, 3]])], gamma=2, max_new_tokens=4, warmup=False,
                         methods=("hf_assisted_fixed",))
+
+
+@pytest.mark.compiles
+def test_a_converted_copy_decodes_with_its_own_forward_after_transformers_compiled_the_original():
+    """07's bfloat16 section failed after an 80-minute run: transformers' compiled generate() had run the float32
+    target, which keeps the compiled `__call__` on the module; a deepcopy shares it, so the bfloat16 copy decoded
+    with the float32 original's forward ("query float, key BFloat16"). `models.converted` drops that cache."""
+    import copy
+
+    from specrepro.compiled import CompileConfig
+    from specrepro.models import converted
+
+    target, _ = tiny_pair(16, dtype=torch.float32)
+    x = torch.tensor([[1, 2, 3, 4]])
+    compiled = CompileConfig("dynamo")  # dynamo traces with fake tensors, as every compiled mode does; no inductor
+    bench.hf_generate(target, x, max_new_tokens=4, compile=compiled)
+    assert hasattr(target, "_compiled_call")  # the cache the bug came from (if transformers drops it, so can we)
+    with pytest.raises(Exception, match="same dtype"):  # the bug, as 07 met it
+        bench.hf_generate(copy.deepcopy(target).to(torch.bfloat16), x, max_new_tokens=4, compile=compiled)
+    copy16 = converted(target, torch.bfloat16)
+    out = bench.hf_generate(copy16, x, max_new_tokens=4, compile=compiled)
+    assert out.shape == (1, 8)
+    assert next(copy16.parameters()).dtype == torch.bfloat16 and next(target.parameters()).dtype == torch.float32

@@ -242,6 +242,21 @@ def load_draft(name: str, *, dtype: torch.dtype = torch.float32, device: str | t
     return load_target(resolve(name, "draft"), dtype=dtype, device=device)
 
 
+def converted(model, dtype: torch.dtype):
+    """A copy of `model` in `dtype`, the original untouched (a float32 model sent through bfloat16 and back would come
+    back rounded). `copy.deepcopy` alone is not enough once transformers' compiled generate() has run the model: it
+    keeps `torch.compile(self.__call__)` on the module, a function that deepcopy shares rather than copies, so the copy
+    would decode with the *original's* forward (a float32 query against its own bfloat16 cache). The copy drops that
+    cache, in every submodule, so its compiled generate() compiles its own forward."""
+    import copy
+
+    out = copy.deepcopy(model)
+    for module in out.modules():
+        for attr in ("_compiled_call", "_last_compile_config"):
+            module.__dict__.pop(attr, None)
+    return out.to(dtype)
+
+
 def load_pair(target: str = TARGET, draft: str | None = None, *, dtype: torch.dtype = torch.float32,
               device: str | torch.device = "cpu", device_map=None):
     """(target, draft, tokenizer). Refuses pairs whose tokenizers differ: speculative sampling compares p and q
