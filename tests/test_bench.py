@@ -302,7 +302,7 @@ def test_a_feature_draft_runs_ours_beside_transformers_with_another_draft(pair):
 
 @pytest.mark.compiles
 def test_a_converted_copy_decodes_with_its_own_forward_after_transformers_compiled_the_original():
-    """07's bfloat16 section failed after an 80-minute run: transformers' compiled generate() had run the float32
+    """07's bfloat16 section failed 65 minutes into a full run: transformers' compiled generate() had run the float32
     target, which keeps the compiled `__call__` on the module; a deepcopy shares it, so the bfloat16 copy decoded
     with the float32 original's forward ("query float, key BFloat16"). `models.converted` drops that cache."""
     import copy
