@@ -79,7 +79,7 @@ def test_draft_size_reads_the_ladder_sweep_when_it_ran(tmp_path):
     ours, verdict_text, notebook = summary.ROWS["draft_size"][1](res)
     assert notebook == "06-draft-sweep" and verdict_text == (
         "reproduces: alpha rises from lens-1 to lens-2 in every setting; the smallest draft wins in 1 of 1, and the "
-        "winner is reliably faster than the runner-up in 1 of 1; the ladder's best is reliably faster than "
+        "winner is reliably faster than the runner-up in 1 of 1; the calibration's pick is reliably faster than "
         "autoregressive decoding in 0 of 1")
     assert "lens-1 0.90x [0.85, 0.95]" in ours and "0.20/0.30" in ours and "lens-1/lens-2" in ours
     res["06-draft-sweep"]["metrics"] |= dict(prediction_within_10pct="1/2", prediction_median_abs_error=0.12)

@@ -327,8 +327,8 @@ def draft_size(settings: Mapping[str, dict], alpha_rises: Iterable[bool], sizes:
                        f"{sum(rises)} of {len(rises)})", facts)
     chosen = [v for v in settings.values() if v.get("chosen_on") == "calibration"]
     reason = (f"alpha rises from {sizes[0]} to {sizes[-1]} in every setting; the smallest draft wins in {smallest} "
-              f"of {n}, and the winner is reliably faster than the runner-up in {reliable} of {n}; the ladder's best "
-              f"is reliably faster than autoregressive decoding in {above} of {n}")
+              f"of {n}, and the winner is reliably faster than the runner-up in {reliable} of {n}; the calibration's "
+              f"pick is reliably faster than autoregressive decoding in {above} of {n}")
     if chosen:
         agree = sum(v["predicted_is_measured"] for v in chosen)
         facts["predicted_is_measured"] = agree
