@@ -231,3 +231,23 @@ def test_07s_sampled_trained_row_joins_the_like_for_like_rows(tmp_path):
     assert row.like_for_like and row.decoding == "nucleus" and row.ms_per_token == 50.0
     assert row.speedup == pytest.approx(0.6)
     assert with_07(2.3, 2.7)[1].startswith("reproduces")
+
+
+def test_the_numerics_row_tests_at_04s_own_level_and_says_differ_when_it_rejects(tmp_path):
+    folder = tmp_path / "04-numerics"
+    folder.mkdir()
+    greedy = {d: dict(exact_match=1.0, bugs=0) for d in ("float32", "float16", "bfloat16")}
+    metrics = dict(same_seed_identical=0, same_seed_prompts=12, greedy=greedy, greedy_prompts=24)
+    (folder / "parameters.json").write_text(json.dumps({"level": 0.01}))
+    for p, verdict, word in ((0.03, "reproduces", "agree"), (0.004, "does not reproduce", "differ")):
+        (folder / "metrics.json").write_text(json.dumps(metrics | {"distribution_p_value": p}))
+        row = summary.summary_table(summary.results(tmp_path)).set_index("claim").loc["numerics"]
+        assert row.verdict == verdict and f"first-token distributions {word}" in row.ours and "level 0.01" in row.ours
+
+
+def test_the_arithmetic_row_holds_thm_3_11_to_02s_held_out_tolerance():
+    counted = {"draft-s gamma=3": dict(counted=2.0, thm_3_11=2.2), "draft-m gamma=3": dict(counted=3.0, thm_3_11=3.0)}
+    for tolerance, verdict in ((0.20, "reproduces"), (0.05, "partly"), (None, "reproduces")):  # None: runs before it
+        m = {"counted_test": counted} | ({} if tolerance is None else {"heldout_tolerance": tolerance})
+        ours, label, _ = summary._arithmetic({"metrics": m})
+        assert label == verdict and f"within {tolerance or 0.20:.0%}" in ours, (tolerance, label, ours)
