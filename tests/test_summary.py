@@ -251,3 +251,19 @@ def test_the_arithmetic_row_holds_thm_3_11_to_02s_held_out_tolerance():
         m = {"counted_test": counted} | ({} if tolerance is None else {"heldout_tolerance": tolerance})
         ours, label, _ = summary._arithmetic({"metrics": m})
         assert label == verdict and f"within {tolerance or 0.20:.0%}" in ours, (tolerance, label, ours)
+
+
+def test_the_engines_row_ties_a_break_to_the_batch_only_where_speculation_off_kept_its_outputs(tmp_path):
+    folder = tmp_path / "08-engines"
+    folder.mkdir()
+    (folder / "metrics.json").write_text("{}")
+    (folder / "verdicts.csv").write_text(
+        "engine,mode,verdict,reason\nours,\"ours, draft-s\",lossless at this power,x\n"
+        "ours,ours with a planted bug,differs: not explained by numerics,x\n"
+        "llama.cpp,ngram,differs: not explained by numerics,x\n")
+    head = "speculation,engine,mode,concurrency,prompts,exact_match,near_ties,other,unclassified\n"
+    for off_other, verdict in ((0, "reproduces"), (1, "partly")):  # speculation off broke at batch 2 as well
+        (folder / "concurrency.csv").write_text(
+            head + f"on,llama.cpp,ngram,2,8,0.875,0,1,0\noff,llama.cpp,ngram,2,8,1.0,0,{off_other},0\n")
+        row = summary.summary_table(summary.results(tmp_path)).set_index("claim").loc["engines"]
+        assert row.verdict.startswith(verdict), row.verdict

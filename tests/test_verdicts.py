@@ -186,8 +186,12 @@ def test_engines_claim():
     v = V.engines({"llama.cpp ngram": "lossless at this power", "llama.cpp draft": "differs: near-ties only"},
                   planted=bug)
     assert v.label == "does not reproduce" and "1 at near-ties only" in v.reason and "planted bug failed" in v.reason
-    v = V.engines({"llama.cpp ngram": "lossless at this power", "x": "differs: not explained by numerics"}, planted=bug)
-    assert v.label == "reproduces" and v.facts["broken"] == ["x"]
+    audits = {"llama.cpp ngram": "lossless at this power", "x": "differs: not explained by numerics"}
+    v = V.engines(audits, planted=bug, batched={"x": True, "llama.cpp ngram": False})
+    assert v.label == "reproduces" and v.facts["broken"] == ["x"] and "tied to batch > 1" in v.reason
+    v = V.engines(audits, planted=bug, batched={"x": False, "llama.cpp ngram": False})  # broken alone, not by batching
+    assert v.label == "partly" and "none shown to break only once" in v.reason
+    assert V.engines(audits, planted=bug).label == "partly"  # the batch's part untested
     assert V.engines({"a": "lossless at this power"}, planted={"p": "lossless at this power"}).label == "not testable"
     assert V.engines({}, planted=bug).label == "not testable"
 

@@ -447,8 +447,8 @@ def audit_engine(on, off, *, engine: str, mode: str, sample_prompts: list, setti
                     for k, v in exact_test(x, exact).items()}
         drafted = [x.drafted for x in b]
         distribution.append(labels | dict(setting=name, prompt=i, **asdict(h), detectable_shift=detectable_shift(
-            empirical([x.key for x in a])[1], h.n_a, h.n_b, replicates=power_replicates) if h.cells >= 2 else
-            float("nan"),
+            empirical([x.key for x in a])[1], h.n_a, h.n_b, replicates=power_replicates,
+            alpha=0.05 / len(off_samples)) if h.cells >= 2 else float("nan"),  # the verdict's Bonferroni level
             drafting_share=float(np.mean([d > 0 for d in drafted])) if None not in drafted else float("nan"),
             drafted=sum(d or 0 for d in drafted), accepted=sum(x.accepted or 0 for x in b),
             same_seed_pairs=paired, same_seed_identical=float(np.mean([x.key == y.key for x, y in
@@ -514,6 +514,18 @@ def main(argv: list[str] | None = None) -> int:
         report["verdict"] = dict(label=v.label, reason=v.reason)
     print(json.dumps(report, indent=2, default=str))
     return 0
+
+
+def batch_break(concurrency: list[dict]) -> bool:
+    """Whether one engine and mode's greedy outputs (its rows of `audit_engine`'s concurrency table) changed beyond
+    numerics under concurrency > 1 with speculation on, at a level where the same engine with speculation off kept
+    every output: what ties a difference to the batch rather than to speculation alone."""
+    def other(r):
+        return r["other"] + r["unclassified"]
+
+    off = {r["concurrency"]: other(r) for r in concurrency if r["speculation"] == "off" and r["concurrency"] > 1}
+    return any(other(r) > 0 and off.get(r["concurrency"]) == 0
+               for r in concurrency if r["speculation"] == "on" and r["concurrency"] > 1)
 
 
 def speculation_tests(rows: list[dict], *, min_pairs: int = 20) -> tuple[list[dict], list[str]]:

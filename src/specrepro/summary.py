@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import models, numerics, paths, verdicts
+from . import audit, models, numerics, paths, verdicts
 
 
 def claims() -> dict:
@@ -311,8 +311,10 @@ def _engines(r08):
     engines_ = v[v.engine != "ours"]
     ours = v[v.engine == "ours"]
     planted = ours["mode"].str.contains("planted")
+    batched = {f"{e} {m}": audit.batch_break(g.to_dict("records"))
+               for (e, m), g in c[c.engine != "ours"].groupby(["engine", "mode"], sort=False)}
     verdict = verdicts.engines({f"{r.engine} {r.mode}": r.verdict for r in engines_.itertuples()},
-                               planted={r.mode: r.verdict for r in ours[planted].itertuples()})
+                               planted={r.mode: r.verdict for r in ours[planted].itertuples()}, batched=batched)
     under = c[(c.engine != "ours") & (c.speculation == "on")]
     text = "; ".join(f"{r.engine} {r.mode}: {r.verdict}" for r in engines_.itertuples())
     if len(under):

@@ -452,23 +452,34 @@ def engine_audit(p_values: Sequence[float], detectable_shift: float, near_ties: 
     return Verdict("lossless at this power", f"{dist}; {greedy}{power}", facts)
 
 
-def engines(audits: Mapping[str, str], *, planted: Mapping[str, str] = frozenset()) -> Verdict:
+def engines(audits: Mapping[str, str], *, planted: Mapping[str, str] = frozenset(),
+            batched: Mapping[str, bool] | None = None) -> Verdict:
     """The seed post (after Zhang et al. 2025): "some engines break the distribution guarantee outright once batch
     size exceeds one". `audits`: each audited engine and mode (ours excluded) -> its `engine_audit` label;
-    `planted`: the planted bugs' labels (the audit must catch them, or its passes mean nothing).
+    `planted`: the planted bugs' labels (the audit must catch them, or its passes mean nothing); `batched`: each
+    mode -> whether its greedy outputs, speculation on, changed beyond numerics when requests ran concurrently
+    (batch > 1) while the same engine with speculation off did not (`audit.batch_break`): what ties a difference
+    to the batch rather than to speculation alone.
 
-    reproduces: an audited engine differs in a way numerics do not explain; does not reproduce: none does, and
-    every planted bug was caught; not testable: nothing audited, or a planted bug went unseen."""
+    reproduces: an audited mode differs in a way numerics do not explain, and some mode's break is tied to batch > 1;
+    partly: modes differ beyond numerics, but none is shown to break only once requests share a batch (or `batched`
+    is not given); does not reproduce: none differs, and every planted bug was caught; not testable: nothing
+    audited, or a planted bug went unseen."""
     missed = [m for m, label in planted.items() if label != "differs: not explained by numerics"]
     if not audits or missed:
         why = (f"the audit missed the planted bug(s) {missed}" if missed else "no engine was audited")
         return Verdict("not testable", why, dict(missed=missed))
     broken = [m for m, label in audits.items() if label == "differs: not explained by numerics"]
     ties = [m for m, label in audits.items() if label == "differs: near-ties only"]
-    facts = dict(audited=len(audits), broken=broken, near_ties=ties)
+    in_batch = [m for m, b in (batched or {}).items() if b and m in audits]
+    facts = dict(audited=len(audits), broken=broken, near_ties=ties, batch_breaks=in_batch)
     caught = f"; the planted bug{'s' if len(planted) > 1 else ''} failed the same audit" if planted else ""
     if broken:
-        return Verdict("reproduces", f"{len(broken)} of {len(audits)} audited modes differ beyond numerics: "
-                       f"{', '.join(broken)}{caught}", facts)
+        where = (f"; tied to batch > 1 (greedy outputs change under concurrency with speculation on, not off): "
+                 f"{', '.join(in_batch)}" if in_batch else
+                 "; none shown to break only once requests share a batch" if batched is not None else
+                 "; whether a break is the batch's was not tested")
+        return Verdict("reproduces" if in_batch else "partly", f"{len(broken)} of {len(audits)} audited modes "
+                       f"differ beyond numerics: {', '.join(broken)}{where}{caught}", facts)
     return Verdict("does not reproduce", f"none of the {len(audits)} audited modes ({', '.join(audits)}) differs "
                    f"beyond numerics{f' ({len(ties)} at near-ties only)' if ties else ''}{caught}", facts)
