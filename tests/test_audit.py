@@ -233,3 +233,15 @@ def test_only_tests_where_speculation_ran_and_changed_the_draw_speak_about_it():
     assert v.label == "differs: not explained by numerics"
     # too few same-seed pairs to call them identical: kept
     assert len(audit.speculation_tests([row(0, 0.001, same_seed_identical=1.0, same_seed_pairs=5)])[0]) == 1
+
+
+def test_a_break_is_the_batchs_only_where_speculation_on_and_off_agreed_alone_and_off_kept_its_outputs():
+    def row(speculation, concurrency, other):
+        return dict(speculation=speculation, concurrency=concurrency, other=other, unclassified=0)
+
+    batched = [row("on", 2, 1), row("off", 2, 0), row("on vs off, one at a time", 1, 0)]
+    assert audit.batch_break(batched)
+    assert not audit.batch_break([row("on", 2, 1), row("off", 2, 1), row("on vs off, one at a time", 1, 0)])
+    # speculation on already differed from off alone: the concurrent output may just be off's (08's ngram-simple)
+    assert not audit.batch_break([row("on", 2, 1), row("off", 2, 0), row("on vs off, one at a time", 1, 1)])
+    assert not audit.batch_break([row("on", 2, 1), row("off", 2, 0)])  # the comparison alone did not run

@@ -79,7 +79,7 @@ def test_draft_size_reads_the_ladder_sweep_when_it_ran(tmp_path):
     ours, verdict_text, notebook = summary.ROWS["draft_size"][1](res)
     assert notebook == "06-draft-sweep" and verdict_text == (
         "reproduces: alpha rises from lens-1 to lens-2 in every setting; the smallest draft wins in 1 of 1, and the "
-        "winner is reliably faster than the runner-up in 1 of 1; the calibration's pick is reliably faster than "
+        "winner is reliably faster than the runner-up in 1 of 1; the measurement's best is reliably faster than "
         "autoregressive decoding in 0 of 1")
     assert "lens-1 0.90x [0.85, 0.95]" in ours and "0.20/0.30" in ours and "lens-1/lens-2" in ours
     res["06-draft-sweep"]["metrics"] |= dict(prediction_within_10pct="1/2", prediction_median_abs_error=0.12)
@@ -262,8 +262,10 @@ def test_the_engines_row_ties_a_break_to_the_batch_only_where_speculation_off_ke
         "ours,ours with a planted bug,differs: not explained by numerics,x\n"
         "llama.cpp,ngram,differs: not explained by numerics,x\n")
     head = "speculation,engine,mode,concurrency,prompts,exact_match,near_ties,other,unclassified\n"
-    for off_other, verdict in ((0, "reproduces"), (1, "partly")):  # speculation off broke at batch 2 as well
+    # contrary cases: speculation off broke at batch 2 as well; speculation on already differed from off alone
+    for off_other, alone_other, verdict in ((0, 0, "reproduces"), (1, 0, "partly"), (0, 1, "partly")):
         (folder / "concurrency.csv").write_text(
-            head + f"on,llama.cpp,ngram,2,8,0.875,0,1,0\noff,llama.cpp,ngram,2,8,1.0,0,{off_other},0\n")
+            head + f"on,llama.cpp,ngram,2,8,0.875,0,1,0\noff,llama.cpp,ngram,2,8,1.0,0,{off_other},0\n"
+            f"\"on vs off, one at a time\",llama.cpp,ngram,1,8,1.0,0,{alone_other},0\n")
         row = summary.summary_table(summary.results(tmp_path)).set_index("claim").loc["engines"]
         assert row.verdict.startswith(verdict), row.verdict

@@ -152,6 +152,9 @@ def test_ladder_setting_tests_the_calibrations_choice():
     assert v2["predicted_is_measured"] and v2["runner_up"] == "lens-2"
     verdict = V.draft_size({"a": v, "b": v2}, [True, True], sizes)
     assert verdict.facts["predicted_is_measured"] == 1 and "agreed on the winner in 1 of 2" in verdict.reason
+    assert "the calibration's pick is reliably faster" in verdict.reason  # who picked the winner, named
+    mixed = V.draft_size({"a": v, "b": V.ladder_setting(speeds, sizes, alphas)}, [True, True], sizes)
+    assert "the winner is reliably faster than autoregressive" in mixed.reason
 
 
 def test_regime():

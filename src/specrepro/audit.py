@@ -446,14 +446,20 @@ def audit_engine(on, off, *, engine: str, mode: str, sample_prompts: list, setti
         vs_exact = {f"exact_{k}_{side}": v for side, x in (("off", a), ("on", b))
                     for k, v in exact_test(x, exact).items()}
         drafted = [x.drafted for x in b]
-        distribution.append(labels | dict(setting=name, prompt=i, **asdict(h), detectable_shift=detectable_shift(
-            empirical([x.key for x in a])[1], h.n_a, h.n_b, replicates=power_replicates,
-            alpha=0.05 / len(off_samples)) if h.cells >= 2 else float("nan"),  # the verdict's Bonferroni level
+        distribution.append(labels | dict(setting=name, prompt=i, **asdict(h), detectable_shift=float("nan"),
             drafting_share=float(np.mean([d > 0 for d in drafted])) if None not in drafted else float("nan"),
             drafted=sum(d or 0 for d in drafted), accepted=sum(x.accepted or 0 for x in b),
             same_seed_pairs=paired, same_seed_identical=float(np.mean([x.key == y.key for x, y in
                                                                        zip(a[:paired], same[name, i])])),
             exact_continuations=len(exact) if exact else 0, **vs_exact))
+    # the shift each test detects at 80% power, at the level the verdict tests it: Bonferroni over the tests
+    # that can speak about speculation (`speculation_tests`, the ones `engine_audit` counts)
+    kept = speculation_tests(distribution)[0]
+    for r in distribution:
+        if r["cells"] >= 2:
+            a = off_samples[r["setting"], r["prompt"]]
+            r["detectable_shift"] = detectable_shift(empirical([x.key for x in a])[1], r["n_a"], r["n_b"],
+                                                     replicates=power_replicates, alpha=0.05 / max(1, len(kept)))
     conc, div = concurrency_rows(runs, target=target, prompt_ids=prompts, speculation="on", **labels)
     conc_off, div_off = concurrency_rows(off_runs, target=target, prompt_ids=prompts, speculation="off", **labels)
     across, div_across = concurrency_rows({1: runs[1]}, reference=off_runs[1], target=target, prompt_ids=prompts,
@@ -517,12 +523,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def batch_break(concurrency: list[dict]) -> bool:
-    """Whether one engine and mode's greedy outputs (its rows of `audit_engine`'s concurrency table) changed beyond
-    numerics under concurrency > 1 with speculation on, at a level where the same engine with speculation off kept
-    every output: what ties a difference to the batch rather than to speculation alone."""
+    """Whether one engine and mode's greedy outputs (its rows of `audit_engine`'s concurrency table) break beyond
+    numerics only once requests share a batch: with speculation on, an output under concurrency > 1 differs from
+    the same request sent alone, at a level where the engine with speculation off kept every output, while
+    speculation on and off agreed on every request sent one at a time. (The concurrent rows compare with speculation
+    on alone: where that already differs from off, a concurrent output that differs may just be off's output.)"""
     def other(r):
         return r["other"] + r["unclassified"]
 
+    alone = [other(r) for r in concurrency if r["speculation"] == "on vs off, one at a time"]
+    if not alone or any(alone):
+        return False
     off = {r["concurrency"]: other(r) for r in concurrency if r["speculation"] == "off" and r["concurrency"] > 1}
     return any(other(r) > 0 and off.get(r["concurrency"]) == 0
                for r in concurrency if r["speculation"] == "on" and r["concurrency"] > 1)

@@ -379,7 +379,7 @@ def table1_beside_chen(res: dict[str, dict], paper_claims: dict | None = None) -
         t = res["03-latency"]["table1"]
         params = res["03-latency"].get("parameters", {})
         env = res["03-latency"].get("environment", {})
-        cores = (f"{env['cpu_count']}-core CPU" if env.get("device", "cpu") == "cpu" and env.get("cpu_count")
+        cores = (f"CPU, {env['cpu_count']} logical CPUs" if env.get("device", "cpu") == "cpu" and env.get("cpu_count")
                  else env.get("gpu") or env.get("device") or "host not recorded")
         for row in t[t.kernels == "fastest"].itertuples():
             draft, gamma = _draft_and_gamma(row, params.get("draft_name", "prompt-lookup"), params.get("gamma", "?"))

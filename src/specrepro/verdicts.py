@@ -326,9 +326,11 @@ def draft_size(settings: Mapping[str, dict], alpha_rises: Iterable[bool], sizes:
         return Verdict("not testable", f"alpha does not rise with size in every setting (largest above smallest in "
                        f"{sum(rises)} of {len(rises)})", facts)
     chosen = [v for v in settings.values() if v.get("chosen_on") == "calibration"]
+    pick = ("the calibration's pick" if len(chosen) == n else "the measurement's best" if not chosen else
+            "the winner")  # who chose the winner whose interval is read
     reason = (f"alpha rises from {sizes[0]} to {sizes[-1]} in every setting; the smallest draft wins in {smallest} "
-              f"of {n}, and the winner is reliably faster than the runner-up in {reliable} of {n}; the calibration's "
-              f"pick is reliably faster than autoregressive decoding in {above} of {n}")
+              f"of {n}, and the winner is reliably faster than the runner-up in {reliable} of {n}; {pick} is "
+              f"reliably faster than autoregressive decoding in {above} of {n}")
     if chosen:
         agree = sum(v["predicted_is_measured"] for v in chosen)
         facts["predicted_is_measured"] = agree
@@ -452,7 +454,7 @@ def engine_audit(p_values: Sequence[float], detectable_shift: float, near_ties: 
     return Verdict("lossless at this power", f"{dist}; {greedy}{power}", facts)
 
 
-def engines(audits: Mapping[str, str], *, planted: Mapping[str, str] = frozenset(),
+def engines(audits: Mapping[str, str], *, planted: Mapping[str, str] | None = None,
             batched: Mapping[str, bool] | None = None) -> Verdict:
     """The seed post (after Zhang et al. 2025): "some engines break the distribution guarantee outright once batch
     size exceeds one". `audits`: each audited engine and mode (ours excluded) -> its `engine_audit` label;
@@ -465,6 +467,7 @@ def engines(audits: Mapping[str, str], *, planted: Mapping[str, str] = frozenset
     partly: modes differ beyond numerics, but none is shown to break only once requests share a batch (or `batched`
     is not given); does not reproduce: none differs, and every planted bug was caught; not testable: nothing
     audited, or a planted bug went unseen."""
+    planted = planted or {}
     missed = [m for m, label in planted.items() if label != "differs: not explained by numerics"]
     if not audits or missed:
         why = (f"the audit missed the planted bug(s) {missed}" if missed else "no engine was audited")
