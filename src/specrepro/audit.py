@@ -44,6 +44,7 @@ from .sampling import SamplingConfig
 
 MAX_TOKENS = 1024
 GREEDY = SamplingConfig(0.0)
+ALONE = "on vs off, one at a time"  # the concurrency table's rows comparing speculation on with off, requests alone
 
 
 class ServerError(RuntimeError):
@@ -463,7 +464,7 @@ def audit_engine(on, off, *, engine: str, mode: str, sample_prompts: list, setti
     conc, div = concurrency_rows(runs, target=target, prompt_ids=prompts, speculation="on", **labels)
     conc_off, div_off = concurrency_rows(off_runs, target=target, prompt_ids=prompts, speculation="off", **labels)
     across, div_across = concurrency_rows({1: runs[1]}, reference=off_runs[1], target=target, prompt_ids=prompts,
-                                          speculation="on vs off, one at a time", **labels)
+                                          speculation=ALONE, **labels)
     return dict(distribution=distribution, concurrency=conc + conc_off + across,
                 divergences=div + div_off + div_across, speed=[speed_row(runs[1], off_runs[1], **labels)])
 
@@ -522,20 +523,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _beyond_numerics(row: dict) -> int:
+    """Divergences in one concurrency-table row that are not near-ties (unclassified ones counted against)."""
+    return row["other"] + row["unclassified"]
+
+
 def batch_break(concurrency: list[dict]) -> bool:
     """Whether one engine and mode's greedy outputs (its rows of `audit_engine`'s concurrency table) break beyond
     numerics only once requests share a batch: with speculation on, an output under concurrency > 1 differs from
     the same request sent alone, at a level where the engine with speculation off kept every output, while
     speculation on and off agreed on every request sent one at a time. (The concurrent rows compare with speculation
     on alone: where that already differs from off, a concurrent output that differs may just be off's output.)"""
-    def other(r):
-        return r["other"] + r["unclassified"]
-
-    alone = [other(r) for r in concurrency if r["speculation"] == "on vs off, one at a time"]
+    alone = [_beyond_numerics(r) for r in concurrency if r["speculation"] == ALONE]
     if not alone or any(alone):
         return False
-    off = {r["concurrency"]: other(r) for r in concurrency if r["speculation"] == "off" and r["concurrency"] > 1}
-    return any(other(r) > 0 and off.get(r["concurrency"]) == 0
+    off = {r["concurrency"]: _beyond_numerics(r) for r in concurrency
+           if r["speculation"] == "off" and r["concurrency"] > 1}
+    return any(_beyond_numerics(r) > 0 and off.get(r["concurrency"]) == 0
                for r in concurrency if r["speculation"] == "on" and r["concurrency"] > 1)
 
 
@@ -570,7 +574,7 @@ def audit_verdict(distribution: list[dict], concurrency: list[dict]):
     spec = [r for r in concurrency if r["speculation"] != "off"]
     return engine_audit([r["p_value"] for r in tests],
                         max((r["detectable_shift"] for r in tests), default=float("nan")),
-                        sum(r["near_ties"] for r in spec), sum(r["other"] + r["unclassified"] for r in spec),
+                        sum(r["near_ties"] for r in spec), sum(_beyond_numerics(r) for r in spec),
                         compared=sum(r["prompts"] for r in spec), left_out=left_out)
 
 
