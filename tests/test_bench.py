@@ -280,8 +280,8 @@ def test_the_cli_runs_end_to_end_and_prints_the_walltime_predictions(monkeypatch
 
 def test_a_feature_draft_runs_ours_beside_transformers_with_another_draft(pair):
     """Ours with a draft transformers cannot run (it reads the target's features), transformers' assisted
-    generation with `hf_draft`, interleaved: the feature draft is left out of the compiled configuration, whose
-    compiled path keeps no features; transformers' assisted generation gives the target's greedy tokens."""
+    generation with `hf_draft`, interleaved: the feature draft runs in the compiled configuration too (the compiled
+    target returns its features); transformers' assisted generation gives the target's greedy tokens."""
     from specrepro.tiny import tiny_feature_draft
 
     target, hf_draft = tiny_pair(32, seed=5, dtype=torch.float32)  # their own pair: the fixture stays float64
@@ -291,8 +291,7 @@ def test_a_feature_draft_runs_ours_beside_transformers_with_another_draft(pair):
                            methods=methods, hf_draft=hf_draft, kernels=("stock", bench.COMPILED),
                            compile_mode="eager")
     ran = {(r.kernel, r.method) for r in runs}
-    assert ran == {("stock", m) for m in methods} | {(bench.COMPILED, "autoregressive"),
-                                                     (bench.COMPILED, bench.HF_AUTOREGRESSIVE)}
+    assert ran == {("stock", m) for m in methods} | {(bench.COMPILED, m) for m in bench.COMPILED_METHODS}
     assert len({tuple(r.output) for r in runs}) == 1  # greedy: every method, every configuration, the same tokens
     assert next(r for r in runs if r.method == "speculative").stats.proposed  # the feature draft did draft
     with pytest.raises(TypeError, match="has no transformers equivalent.*as hf_draft"):

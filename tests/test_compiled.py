@@ -94,7 +94,7 @@ def test_a_failed_compilation_warns_and_decodes_eagerly(pair64, monkeypatch):
     def broken(*args):
         raise RuntimeError("no C compiler")
 
-    monkeypatch.setattr(compiled, "compiled_forward", lambda mode: broken)
+    monkeypatch.setattr(compiled, "compiled_forward", lambda mode, features=False: broken)
     ref = speculative_generate(target, draft, PROMPTS[0], gamma=3, max_new_tokens=20, temperature=0)
     with pytest.warns(RuntimeWarning, match="no C compiler"):
         got = speculative_generate(target, draft, PROMPTS[0], gamma=3, max_new_tokens=20, temperature=0,

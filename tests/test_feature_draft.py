@@ -131,12 +131,43 @@ def test_ragged_batch_rows_equal_each_row_alone(feature_pair, temperature):
         assert batch.sequences[b, ids.shape[1]:].tolist() == alone.sequences[0, len(row):].tolist()
 
 
-def test_catching_up_without_features_and_compiling_are_refused_clearly(feature_pair):
+def test_catching_up_without_features_is_refused_clearly(feature_pair):
     target, draft = feature_pair
     with pytest.raises(ValueError, match="needs target_features"):
         draft(input_ids=torch.tensor([[1, 2]]), cache=draft.make_cache())
-    with pytest.raises(ValueError, match="use compile=False"):
-        speculative_generate(target, draft, PROMPT, gamma=2, max_new_tokens=4, temperature=0, compile="eager")
+
+
+@pytest.mark.parametrize("mode", ["eager", "dynamo"])
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_the_compiled_target_feeds_the_draft_the_eager_paths_features(feature_pair, mode, gamma):
+    # the static-cache target returns its hidden states from the same graph as its logits (padded blocks included):
+    # greedy and sampled tokens, and every acceptance count, as on the eager path (float64: the same draws)
+    target, draft = feature_pair
+    ids = torch.tensor([[2, 2, 2, 2, 6, 1, 4]])
+    for cfg in (SamplingConfig(0.0), TP):
+        kw = dict(gamma=gamma, max_new_tokens=20, temperature=cfg.temperature, top_p=cfg.top_p)
+        eager = speculative_generate(target, draft, ids, generator=torch.Generator().manual_seed(3), **kw)
+        static = speculative_generate(target, draft, ids, generator=torch.Generator().manual_seed(3), compile=mode,
+                                      check_invariants=True, **kw)
+        assert torch.equal(static.sequences, eager.sequences)
+        assert static.stats.accepted == eager.stats.accepted and sum(static.stats.accepted) > 0
+
+
+def test_the_static_target_keeps_the_real_tokens_features_only(feature_pair):
+    from specrepro.compiled import SLOT_BUCKET, StaticCachedModel
+    from specrepro.kvcache import concat_features
+
+    target, draft = feature_pair
+    m = StaticCachedModel(target, "target", [], block=5, slots=SLOT_BUCKET, mode="eager")
+    m.hidden_layers = draft.target_features
+    m.feed([[0, 3, 5, 1, 2, 4, 6]], 1)  # the eager prefill
+    assert m.features.shape[1] == 7
+    m.feed([[2, 3]], 2)  # padded to 5, the padding's states dropped
+    with torch.no_grad():
+        out = target(torch.tensor([[0, 3, 5, 1, 2, 4, 6, 2, 3]]), output_hidden_states=True)
+    torch.testing.assert_close(m.features, concat_features(out.hidden_states, draft.target_features)[:, -2:])
+    with pytest.raises(ValueError, match="read tokens only"):
+        m.feed([[1]], 1, features=[torch.zeros(1, 4)])
 
 
 def test_feature_draft_round_trips_through_the_registry(feature_pair, tmp_path):
@@ -304,3 +335,53 @@ def test_agreement_by_row_pools_to_what_training_measures_and_its_intervals_can_
         agreement_difference((hits, scored), (hits[:5], scored[:5]))
     with pytest.raises(ValueError, match="hits <= scored"):
         agreement_intervals(np.ones((2, 1)) * 3, np.ones((2, 1)))
+
+
+@pytest.mark.compiles
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a fallback to eager would pass unseen otherwise
+def test_inductor_compiles_the_target_forward_that_returns_features():
+    from specrepro.tiny import tiny_pair
+
+    target, _ = tiny_pair(64, seed=2, dtype=torch.float32)
+    draft = tiny_feature_draft(target)
+    ids = torch.tensor([[2, 2, 2, 2, 6, 1, 4]])
+    ref = autoregressive_generate(target, ids, max_new_tokens=20, temperature=0)
+    eager = speculative_generate(target, draft, ids, gamma=3, max_new_tokens=20, temperature=0)
+    got = speculative_generate(target, draft, ids, gamma=3, max_new_tokens=20, temperature=0, compile="default")
+    assert torch.equal(got.sequences, ref.sequences) and got.stats.accepted == eager.stats.accepted
+
+
+def test_the_draft_runs_on_its_own_static_cache_on_the_compiled_path(feature_pair):
+    from specrepro.compiled import CompileConfig, cached_model_factory
+    from specrepro.eagle import StaticFeatureCache
+
+    target, draft = feature_pair
+    m = cached_model_factory(CompileConfig("eager"), block=4, slots=256)(draft, "draft", [])
+    assert isinstance(m.cache, StaticFeatureCache)
+    width = len(draft.target_features) * target.config.hidden_size
+    feats = torch.randn(7, width, dtype=torch.float64)
+    m.feed([[0, 3, 5, 1, 2, 4, 6]], 1, features=[feats[:7]])  # the prompt, eagerly
+    short = m.feed([[2, 3]], 1, features=[feats[:2]])  # padded to 4, the padding rolled back
+    assert m.slots == 9 and m.fed == [9]
+    ref = draft.make_cache()  # the eager draft over the same inputs
+    with torch.no_grad():
+        draft(input_ids=torch.tensor([[0, 3, 5, 1, 2, 4, 6]]), cache=ref, target_features=feats[None, :7])
+        want = draft(input_ids=torch.tensor([[2, 3]]), cache=ref, target_features=feats[None, :2], logits_to_keep=1)
+    torch.testing.assert_close(short, want.logits)
+    torch.testing.assert_close(m.cache.last, ref.last)
+
+
+def test_a_failed_compilation_of_the_draft_warns_and_drafts_eagerly(feature_pair, monkeypatch):
+    from specrepro import eagle
+
+    target, draft = feature_pair
+
+    def broken(*args):
+        raise RuntimeError("no C compiler")
+
+    monkeypatch.setattr(eagle, "compile_in", lambda fn, mode: broken)
+    ids = torch.tensor([[2, 2, 2, 2, 6, 1, 4]])
+    ref = speculative_generate(target, draft, ids, gamma=3, max_new_tokens=12, temperature=0)
+    with pytest.warns(RuntimeWarning, match="no C compiler"):
+        got = speculative_generate(target, draft, ids, gamma=3, max_new_tokens=12, temperature=0, compile="eager")
+    assert torch.equal(got.sequences, ref.sequences)

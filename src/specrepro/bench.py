@@ -27,7 +27,6 @@ from . import flops, intervals, theory, walltime
 from .compiled import MODES, CompileConfig, slots_needed
 from .generate import GenerationStats, autoregressive_generate, pooled_alpha, speculative_generate
 from .kernels import KERNELS, use_kernel
-from .protocol import feature_layers
 from .timing import forward_log, memory_bandwidth, timed
 
 METHODS = ("autoregressive", "speculative", "hf_assisted_fixed", "hf_assisted_default")
@@ -50,12 +49,10 @@ def linear_kernel(config: str) -> str:
     return COMPILED_KERNEL.get(config, config)
 
 
-def runs_in(config: str, method: str, draft=None) -> bool:
-    """Whether `run_bench` runs `method` in `config` with `draft`: a compiled one runs `COMPILED_METHODS` only, and
-    ours not with a draft that reads the target's features (the compiled path keeps no hidden states)."""
-    if not is_compiled(config):
-        return True
-    return method in COMPILED_METHODS and not (method == "speculative" and feature_layers(draft))
+def runs_in(config: str, method: str) -> bool:
+    """Whether `run_bench` runs `method` in `config`: a compiled one runs `COMPILED_METHODS` only.
+    Every draft runs on both paths (a feature-reading one gets the target's states from its compiled graphs)."""
+    return not is_compiled(config) or method in COMPILED_METHODS
 
 
 def hf_generate(target, input_ids, *, max_new_tokens: int, temperature: float = 0.0, top_k=None, top_p=None,
@@ -195,6 +192,9 @@ class Run:
 
 
 FIRST_TOKEN_CALLS = 2  # runs of one new token per timed run; the fastest is its TTFT
+# new tokens of each method's warm-up call: enough iterations that every forward width a decode uses (a draft's
+# catch-up after an accepted draft among them) compiles there, not inside a timed run
+WARMUP_TOKENS = 16
 
 
 def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new_tokens: int,
@@ -203,8 +203,7 @@ def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new
               kernels: tuple[str, ...] = (), compile_mode: str = "max-autotune", hf_draft=None) -> list[Run]:
     """Time each method on each prompt, interleaved; `repeats` rounds. HF methods need a transformers draft:
     `hf_draft` (default `draft`) is the one transformers' assisted generation runs, so that ours can run a draft
-    transformers cannot (one that reads the target's features) beside transformers' best one. Such a draft runs in
-    the eager configurations only: our compiled path keeps no hidden states.
+    transformers cannot (one that reads the target's features) beside transformers' best one.
 
     `kernels`: configurations from `CONFIGS`; each prompt is then run with every one in turn, so that each method
     can be compared at its fastest configuration, side by side (`fastest`). A `kernels.KERNELS` name switches the
@@ -247,16 +246,16 @@ def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new
         raise ValueError(f"unknown configuration(s) {sorted(unknown)}; choose from {CONFIGS}")
     if warmup:
         for config, m in itertools.product(kernels or ("",), methods):
-            if not runs_in(config, m, draft):
+            if not runs_in(config, m):
                 continue
             configure(config)
-            call(m, prompts[0], 4, torch.Generator().manual_seed(seed), config)
+            call(m, prompts[0], WARMUP_TOKENS, torch.Generator().manual_seed(seed), config)
     runs = []
     for rep in range(repeats):
         for (i, ids), kernel in itertools.product(enumerate(prompts), kernels or ("",)):
             configure(kernel)
             for m in methods:
-                if not runs_in(kernel, m, draft):
+                if not runs_in(kernel, m):
                     continue
                 # defaults bind this iteration's m, ids, i, kernel; the generator is still built inside the timed call
                 ttft = min(timed(lambda m=m, ids=ids, i=i, k=kernel: call(m, ids, 1,

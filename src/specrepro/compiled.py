@@ -28,8 +28,10 @@ Compiled code is cached by torch per function and model (guards on the model obj
 `speculative_generate(..., compile=True)` with the same models and cache size reuses it; cache sizes are rounded up
 to a multiple of `SLOT_BUCKET` so that prompts of different lengths share graphs.
 
-This path serves batch 1 (the row of `generate`'s loop) and transformers causal LMs; a draft that brings its own
-cache (prompt lookup, the lookup hybrid) keeps its eager path, since it has no forward worth compiling.
+This path serves batch 1 (the row of `generate`'s loop) and transformers causal LMs. A draft that reads the target's
+features (`specrepro.eagle`) gets them from the same compiled graphs (`_forward_features`: the hidden states come out
+beside the logits, so a verification still costs one forward). A draft that brings its own cache (prompt lookup,
+the lookup hybrid, the feature-reading draft) keeps its eager path.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .kvcache import CachedModel, cache_kwarg, model_forward
+from .kvcache import CachedModel, cache_kwarg, concat_features, model_forward
 from .sampling import check_logits
 
 SLOT_BUCKET = 256  # static caches hold a multiple of this many slots
@@ -102,12 +104,32 @@ def _forward(model, ids: torch.Tensor, cache, n_logits: int, keyword: str) -> to
     return model(input_ids=ids, use_cache=True, logits_to_keep=n_logits, **{keyword: cache}).logits
 
 
-def compiled_forward(mode: str):
-    """`_forward` compiled in `mode` (or itself for "eager"). torch keeps one cache of compiled graphs per function,
-    keyed by guards on the model and shapes, so rebuilding this wrapper does not recompile."""
+def _forward_features(model, ids: torch.Tensor, cache, n_logits: int, keyword: str, layers: tuple[int, ...]
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_forward` that also returns the hidden states a feature-reading draft reads (`kvcache.concat_features` of
+    `layers`), (1, width, F), inside the same graph: a verification that keeps features costs one compiled forward."""
+    out = model(input_ids=ids, use_cache=True, logits_to_keep=n_logits, output_hidden_states=True, **{keyword: cache})
+    return out.logits, concat_features(out.hidden_states, layers)
+
+
+def compile_in(fn, mode: str):
+    """`fn` compiled in `mode` (fullgraph, static shapes), or itself for "eager"."""
     if MODES[mode] is None:
-        return _forward
-    return torch.compile(_forward, fullgraph=True, dynamic=False, **MODES[mode])
+        return fn
+    return torch.compile(fn, fullgraph=True, dynamic=False, **MODES[mode])
+
+
+def compiled_forward(mode: str, features: bool = False):
+    """`_forward` (`_forward_features` with `features`) compiled in `mode`, or itself for "eager". torch keeps one
+    cache of compiled graphs per function, keyed by guards on the model and shapes, so rebuilding this wrapper does
+    not recompile."""
+    return compile_in(_forward_features if features else _forward, mode)
+
+
+def width_of(w: int, block: int, *, one: bool = True) -> int:
+    """The width a forward of w tokens runs at: 1 (when `one`), `block` (a shorter block padded up to it), or w (a
+    prefill)."""
+    return 1 if w == 1 and one else block if w <= block else w
 
 
 def compiles(model) -> bool:
@@ -117,10 +139,8 @@ def compiles(model) -> bool:
 
 class StaticCachedModel(CachedModel):
     """`CachedModel` (the loop's cache bookkeeping) on a static cache, with compiled forwards of width 1 and
-    `block`. Batch 1 only: a batch's rows grow raggedly, which needs per-row masks (`CachedModel`). It keeps no
-    hidden states, so a draft that reads the target's features cannot run on it."""
-
-    keeps_features = False
+    `block`. Batch 1 only: a batch's rows grow raggedly, which needs per-row masks (`CachedModel`). With
+    `hidden_layers` set (a draft that reads the target's features), both graphs also return those hidden states."""
 
     def __init__(self, model, who: str, log_: list[tuple[int, int]], rows: int = 1, *, block: int, slots: int,
                  mode: str):
@@ -132,18 +152,24 @@ class StaticCachedModel(CachedModel):
         super().__init__(model, who, log_, rows)
         self.cache = StaticCache(config=model.config, max_cache_len=slots)
         self.block, self.capacity, self.mode = block, slots, mode
-        self.step, self.keyword = compiled_forward(mode), cache_kwarg(model)
+        self.keyword = cache_kwarg(model)
+        self.steps = {False: compiled_forward(mode), True: compiled_forward(mode, features=True)}
 
     @property
     def slots(self) -> int:
         return int(self.cache.get_seq_length())
 
     @torch.no_grad()
-    def feed(self, new: list[list[int]], n_logits: int, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def feed(self, new: list[list[int]], n_logits: int, pad_mask: torch.Tensor | None = None,
+             features: list[torch.Tensor] | None = None) -> torch.Tensor:
         """As `CachedModel.feed` for one row: widths 1 and up to `block` run compiled (a short block padded up to
-        `block`, the padding rolled back at once), longer ones (the prefill) eagerly."""
+        `block`, the padding rolled back at once), longer ones (the prefill) eagerly. `features` (the input of a
+        draft that reads them) is for the eager path: a target on this path reads none."""
         (tokens,) = new
         w = len(tokens)
+        if features is not None:
+            raise ValueError("the compiled path serves models that read tokens only; a feature-reading draft runs "
+                             "on its own cache (make_cache)")
         if pad_mask is not None and not bool(pad_mask.all()):
             raise ValueError("the compiled path takes no padding: decode one unpadded row")
         if self.fed[0] + max(w, self.block) > self.capacity:
@@ -151,30 +177,45 @@ class StaticCachedModel(CachedModel):
                              f"{self.fed[0] + max(w, self.block)}: pass CompileConfig(slots=...) large enough for the "
                              "prompt, max_new_tokens and gamma + 1")
         self.log.append((w, self.slots))
-        width = 1 if w == 1 else self.block if w <= self.block else w
+        # a target that keeps features runs width 1 only as a verification without drafts (an answer's last token):
+        # padded to the block, so that it needs no third graph, compiled in the middle of a timed run
+        width = width_of(w, self.block, one=not self.hidden_layers)
         ids = torch.tensor([tokens + [0] * (width - w)], device=self.device)  # (1, width): filler after the row
+        feats = None
         if w > self.block:  # the prefill
-            logits = model_forward(self.model, ids, self.cache, logits_to_keep=n_logits).logits
+            out = model_forward(self.model, ids, self.cache, logits_to_keep=n_logits,
+                                output_hidden_states=bool(self.hidden_layers))
+            logits = out.logits
+            if self.hidden_layers:
+                feats = concat_features(out.hidden_states, self.hidden_layers)
         else:
-            logits = self._compiled(ids, width)[:, w - n_logits:w]  # (1, n_logits, V): the real tokens' last ones
+            logits, feats = self._compiled(ids, width)
+            logits = logits[:, w - n_logits:w]  # (1, n_logits, V): the real tokens' last ones
             if width > w:
                 self.cache.crop(w - width)  # the filler's slots: forgotten before anything reads them
+        if self.hidden_layers:
+            self.features = feats[:, :w]  # (1, w, F): the real tokens' states
         self.fed = [self.fed[0] + w]
         check_logits(logits[0], self.who)
         return logits
 
-    def _compiled(self, ids: torch.Tensor, width: int) -> torch.Tensor:
+    def _compiled(self, ids: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The compiled forward: (logits, features or None), cloned (a compiled graph, CUDA graphs, may reuse its
+        output buffers at the next call)."""
+        layers = self.hidden_layers
+        step = self.steps[bool(layers)]
+        args = (self.model, ids, self.cache, width, self.keyword) + ((layers,) if layers else ())
         try:
-            # clone: a compiled graph (CUDA graphs) may reuse its output buffer at the next call
             with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-                return self.step(self.model, ids, self.cache, width, self.keyword).clone()
+                out = step(*args)
         except Exception as err:  # compilation unavailable (no compiler, an unsupported op): say so, run eagerly
-            if self.step is _forward:
+            if step in (_forward, _forward_features):
                 raise
             warnings.warn(f"torch.compile failed for the {self.who} ({type(err).__name__}: {err}); decoding on "
                           "the static cache without compilation (mode='eager')", RuntimeWarning, stacklevel=4)
-            self.step, self.mode = _forward, "eager"
-            return _forward(self.model, ids, self.cache, width, self.keyword)
+            self.steps, self.mode = {False: _forward, True: _forward_features}, "eager"
+            out = self.steps[bool(layers)](*args)
+        return (out[0].clone(), out[1].clone()) if layers else (out.clone(), None)
 
     def keep(self, lengths: list[int]) -> None:
         (k,) = lengths
@@ -188,11 +229,15 @@ class StaticCachedModel(CachedModel):
 
 
 def cached_model_factory(config: CompileConfig, *, block: int, slots: int):
-    """What `generate.decode(cached_model=...)` takes: a `StaticCachedModel` for models the compiled path serves,
-    the eager `CachedModel` for the others (drafts with a cache of their own)."""
+    """What `generate.decode(cached_model=...)` takes: a `StaticCachedModel` for models the compiled path serves;
+    for a draft with a cache of its own, `CachedModel` on its static cache where it offers one
+    (`make_static_cache(slots=, block=, mode=)`, the feature-reading draft), on its eager cache otherwise."""
     def make(model, who, log_, rows=1):
-        if not compiles(model):
-            return CachedModel(model, who, log_, rows)
-        return StaticCachedModel(model, who, log_, rows, block=block, slots=slots, mode=config.mode)
+        if compiles(model):
+            return StaticCachedModel(model, who, log_, rows, block=block, slots=slots, mode=config.mode)
+        m = CachedModel(model, who, log_, rows)
+        if hasattr(model, "make_static_cache") and rows == 1:
+            m.cache = model.make_static_cache(slots=slots, block=block, mode=config.mode)
+        return m
 
     return make

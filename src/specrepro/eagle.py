@@ -25,12 +25,14 @@ Training (`specrepro.eagle_train`) is distillation on the target's own answers, 
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from . import paths
+from .compiled import RECOMPILE_LIMIT, compile_in, width_of
 from .drafts import CutHead, read_manifest, write_manifest
 
 FEATURE_LAYERS = (2, 16, 30)  # hidden_states indices: a low, a middle layer's output, and the top (final-normed)
@@ -108,6 +110,10 @@ class FeatureDraft(nn.Module):
     def make_cache(self) -> FeatureCache:
         return FeatureCache(self.body.config)
 
+    def make_static_cache(self, *, slots: int, block: int, mode: str) -> StaticFeatureCache:
+        """The compiled path's cache (`specrepro.compiled.cached_model_factory`): one row, forwards compiled."""
+        return StaticFeatureCache(self.body.config, slots=slots, block=block, mode=mode)
+
     def get_output_embeddings(self):
         return None
 
@@ -164,6 +170,10 @@ class FeatureDraft(nn.Module):
         else:
             raise ValueError("the feature draft needs target_features with the tokens it catches up on; only a "
                              "single drafted token after a forward may go without (specrepro.protocol)")
+        if isinstance(cache, StaticFeatureCache):
+            if attention_mask is not None or position_ids is not None:
+                raise ValueError("the compiled path decodes one unpadded row: use compile=False for a batch")
+            return _Out(cache.run(self, input_ids, g, logits_to_keep))
         a = self.body(inputs_embeds=self.inputs(input_ids, g), cache=cache.kv if cache is not None else None,
                       use_cache=use_cache and cache is not None, attention_mask=attention_mask,
                       position_ids=position_ids).last_hidden_state  # (B, T, d)
@@ -174,6 +184,68 @@ class FeatureDraft(nn.Module):
         if logits_to_keep:
             a = a[:, -logits_to_keep:]
         return _Out(self.head.full(self.cut_logits(a)))
+
+
+class StaticFeatureCache(FeatureCache):
+    """The compiled path's `FeatureCache` (one row): a transformers `StaticCache` of `slots` slots, and the draft's
+    forward compiled at widths 1 (a drafted token) and `block` (a catch-up, padded up to it, the padding's slots
+    rolled back at once), as `specrepro.compiled` runs the target; a longer catch-up (the prompt) runs eagerly."""
+
+    def __init__(self, config, *, slots: int, block: int, mode: str):
+        from transformers import StaticCache
+
+        self.kv = StaticCache(config=config, max_cache_len=slots)
+        self.last = None
+        self.block, self.capacity, self.mode = block, slots, mode
+        self.step = compile_in(_draft_forward, mode)
+
+    def get_seq_length(self) -> int:
+        return int(self.kv.get_seq_length())
+
+    def batch_select_indices(self, index: torch.Tensor) -> None:
+        if index.tolist() != [0]:
+            raise ValueError("the compiled path holds one row")
+
+    def run(self, draft: FeatureDraft, input_ids: torch.Tensor, g: torch.Tensor, logits_to_keep: int):
+        """One forward of the row's w tokens with inputs g (1, w, d): its logits (1, logits_to_keep or w, V)."""
+        w = input_ids.shape[1]
+        if self.get_seq_length() + max(w, self.block) > self.capacity:
+            raise ValueError(f"the draft's static cache holds {self.capacity} slots, and this forward would need "
+                             f"{self.get_seq_length() + max(w, self.block)}: pass CompileConfig(slots=...) larger")
+        width = width_of(w, self.block)
+        g = g.clone(memory_format=torch.contiguous_format)  # a view (a drafted token's) would recompile on its strides
+        if width > w:  # filler after the row: token 0 and zero features, forgotten below
+            input_ids = torch.cat([input_ids, input_ids.new_zeros(1, width - w)], 1)
+            g = torch.cat([g, g.new_zeros(1, width - w, g.shape[-1])], 1)
+        if width == w and w > self.block:  # the prompt
+            a, logits = _draft_forward(draft, input_ids, g, self.kv)
+        else:
+            a, logits = self._compiled(draft, input_ids, g)
+            if width > w:
+                self.kv.crop(w - width)
+        self.last = a[:, w - 1]
+        n = logits_to_keep or w
+        return logits[:, w - n:w]
+
+    def _compiled(self, draft, input_ids, g):
+        try:
+            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                a, logits = self.step(draft, input_ids, g, self.kv)
+            return a.clone(), logits.clone()  # a compiled graph may reuse its output buffers at the next call
+        except Exception as err:  # compilation unavailable: say so, run eagerly on the same cache
+            if self.step is _draft_forward:
+                raise
+            warnings.warn(f"torch.compile failed for the feature draft ({type(err).__name__}: {err}); drafting on "
+                          "the static cache without compilation (mode='eager')", RuntimeWarning, stacklevel=6)
+            self.step, self.mode = _draft_forward, "eager"
+            return _draft_forward(draft, input_ids, g, self.kv)
+
+
+def _draft_forward(draft: FeatureDraft, input_ids: torch.Tensor, g: torch.Tensor, kv
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """What `StaticFeatureCache` compiles: the draft's outputs a (B, T, d) and logits (B, T, V) over a block."""
+    a = draft.body(inputs_embeds=draft.inputs(input_ids, g), cache=kv, use_cache=True).last_hidden_state
+    return a, draft.head.full(draft.cut_logits(a))
 
 
 def chain_mask(T: int, depth: int) -> torch.Tensor:

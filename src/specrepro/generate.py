@@ -342,9 +342,6 @@ def decode(target, draft, input_ids: torch.Tensor, attention_mask: torch.Tensor 
     layers = feature_layers(draft) if draft is not None else ()
     feats: list[torch.Tensor] | None = None  # per row: the target's features at positions 0 .. len - 2
     if layers:
-        if not tgt.keeps_features:
-            raise ValueError("this draft reads the target's features, which the compiled path does not keep: "
-                             "use compile=False")
         tgt.hidden_layers = layers
         feats = [None] * len(seqs)
     live = list(range(len(seqs)))  # the batch's rows still decoding, by their index in input_ids

@@ -76,11 +76,8 @@ class CachedModel:
     """A model, its KV cache over the rows of a batch, and the log of its forwards.
 
     Invariant kept by the loops: row b's real slots hold its tokens in order, `fed[b]` of them.
-    Each forward is logged as (tokens fed per row, cache slots before it). `keeps_features`: whether `feed` keeps the
-    hidden states `hidden_layers` names (a subclass that runs another graph, like the compiled one, may not).
+    Each forward is logged as (tokens fed per row, cache slots before it).
     """
-
-    keeps_features = True
 
     def __init__(self, model, who: str, log: list[tuple[int, int]], rows: int = 1):
         self.model, self.who, self.log = model, who, log

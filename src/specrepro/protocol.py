@@ -12,6 +12,9 @@ call: `get_seq_length()`, `crop(negative count)` and `batch_select_indices(index
 
 What a draft may add, each optional:
 - `make_cache()`: a cache of its own kind (the prompt lookup keeps tokens, not keys and values).
+- `make_static_cache(slots=, block=, mode=)`: with a cache of its own, the cache `compile=` decodes on (one row,
+  forwards of widths 1 and `block` compiled in `mode`; `specrepro.compiled`). Without it such a draft runs eagerly
+  beside a compiled target.
 - `proposal_length(tokens, gamma) -> int`: propose fewer than gamma tokens this iteration; a function of the
   row's tokens so far only, so the output distribution is unchanged.
 - `target_features: tuple[int, ...]`: the draft reads the target's hidden states (EAGLE, Li et al. 2024, arXiv
