@@ -3,6 +3,7 @@
 tiny random one over the tiny Llama target, plus what is particular to it (features in, drafted states out)."""
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -143,14 +144,17 @@ def test_the_compiled_target_feeds_the_draft_the_eager_paths_features(feature_pa
     # the static-cache target returns its hidden states from the same graph as its logits (padded blocks included):
     # greedy and sampled tokens, and every acceptance count, as on the eager path (float64: the same draws)
     target, draft = feature_pair
-    ids = torch.tensor([[2, 2, 2, 2, 6, 1, 4]])
-    for cfg in (SamplingConfig(0.0), TP):
+    accepted = 0
+    for cfg, ids in itertools.product((SamplingConfig(0.0), TP), ([[2, 2, 2, 2, 6, 1, 4]], [[3]], [[1, 5]])):
+        ids = torch.tensor(ids)  # short prompts: the first forwards run compiled on empty caches, padded
         kw = dict(gamma=gamma, max_new_tokens=20, temperature=cfg.temperature, top_p=cfg.top_p)
         eager = speculative_generate(target, draft, ids, generator=torch.Generator().manual_seed(3), **kw)
         static = speculative_generate(target, draft, ids, generator=torch.Generator().manual_seed(3), compile=mode,
                                       check_invariants=True, **kw)
         assert torch.equal(static.sequences, eager.sequences)
-        assert static.stats.accepted == eager.stats.accepted and sum(static.stats.accepted) > 0
+        assert static.stats.accepted == eager.stats.accepted
+        accepted += sum(static.stats.accepted)
+    assert accepted > 0  # drafts were accepted, so the catch-up block ran too
 
 
 def test_the_static_target_keeps_the_real_tokens_features_only(feature_pair):
@@ -349,6 +353,12 @@ def test_inductor_compiles_the_target_forward_that_returns_features():
     eager = speculative_generate(target, draft, ids, gamma=3, max_new_tokens=20, temperature=0)
     got = speculative_generate(target, draft, ids, gamma=3, max_new_tokens=20, temperature=0, compile="default")
     assert torch.equal(got.sequences, ref.sequences) and got.stats.accepted == eager.stats.accepted
+    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    other = torch.tensor([[1, 5, 5, 2, 6, 3]])
+    again = speculative_generate(target, draft, other, gamma=3, max_new_tokens=20, temperature=0, compile="default")
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames  # the same graphs, none compiled anew
+    ref = autoregressive_generate(target, other, max_new_tokens=20, temperature=0)
+    assert torch.equal(again.sequences, ref.sequences)
 
 
 def test_the_draft_runs_on_its_own_static_cache_on_the_compiled_path(feature_pair):

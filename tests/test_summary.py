@@ -3,6 +3,7 @@ and a notebook that has not run says so instead of inventing a number."""
 
 import json
 
+import pandas as pd
 import pytest
 
 from specrepro import paths, summary
@@ -231,6 +232,40 @@ def test_07s_sampled_trained_row_joins_the_like_for_like_rows(tmp_path):
     assert row.like_for_like and row.decoding == "nucleus" and row.ms_per_token == 50.0
     assert row.speedup == pytest.approx(0.6)
     assert with_07(2.3, 2.7)[1].startswith("reproduces")
+
+
+def test_07s_bfloat16_sampled_rows_join_the_like_for_like_rows(tmp_path):
+    """Section 2d's nucleus rows in bfloat16 (K and the model's gamma) are like-for-like rows too, labelled bfloat16:
+    fast ones turn a slow float32 row's "does not reproduce" into "partly"; slow ones leave it."""
+    (tmp_path / "03-latency").mkdir()
+    pd.DataFrame([dict(task="code", decoding="greedy", method=m, kernels="fastest", speedup=1.0, speedup_lo=1.0,
+                       speedup_hi=1.0, n_prompts=24, quality_metric="q", quality=0.1, quality_lo=0.05, quality_hi=0.15,
+                       ms_per_token=30.0) for m in ("autoregressive", "speculative")]
+                 ).to_csv(tmp_path / "03-latency" / "table1.csv", index=False)
+    (tmp_path / "03-latency" / "parameters.json").write_text(json.dumps({"draft_name": "prompt-lookup", "gamma": 3}))
+    (tmp_path / "03-latency" / "metrics.json").write_text("{}")
+    (tmp_path / "07-regime").mkdir()
+    (tmp_path / "07-regime" / "parameters.json").write_text(json.dumps({"task": "code"}))
+    pd.DataFrame([dict(method="speculative", config="compiled", decode_ms_per_token=20.0, fastest=True)]
+                 ).to_csv(tmp_path / "07-regime" / "speed.csv", index=False)
+
+    def with_bf16(lo, hi):
+        bf16 = [dict(draft="feature-1-s8", gamma=g, chosen_by=by, config="compiled", speedup=(lo + hi) / 2,
+                     speedup_lo=lo, speedup_hi=hi, n_prompts=24) for g, by in ((4, "Chen et al.'s K"), (2, "model"))]
+        m = dict(speedup=1.3, speedup_lo=1.1, speedup_hi=1.5, n_prompts=24, draft_name="prompt-lookup",
+                 sampled=dict(draft="feature-1-s8", gamma=4, speedup=0.8, speedup_lo=0.7, speedup_hi=0.9, n_prompts=24),
+                 bf16_sampled=bf16)
+        (tmp_path / "07-regime" / "metrics.json").write_text(json.dumps(m))
+        res = summary.results(tmp_path)
+        return summary._table1(res["03-latency"], res["07-regime"]), summary.table1_beside_chen(res)
+
+    (ours, verdict, _), t1 = with_bf16(1.2, 1.4)
+    assert "code nucleus (feature-1-s8, 07 bfloat16 compiled (model), gamma 2, 24 prompts) 1.30x [1.20, 1.40]" in ours
+    assert verdict.startswith("partly: like for like (sampled, trained draft), 2 of 3")
+    rows = t1[t1.source.str.contains("bfloat16")]
+    assert len(rows) == 2 and rows.like_for_like.all() and (rows.decoding == "nucleus").all()
+    (_, verdict, _), _ = with_bf16(0.6, 0.8)
+    assert verdict.startswith("does not reproduce: like for like (sampled, trained draft), 0 of 3")
 
 
 def test_the_numerics_row_tests_at_04s_own_level_and_says_differ_when_it_rejects(tmp_path):

@@ -30,8 +30,9 @@ to a multiple of `SLOT_BUCKET` so that prompts of different lengths share graphs
 
 This path serves batch 1 (the row of `generate`'s loop) and transformers causal LMs. A draft that reads the target's
 features (`specrepro.eagle`) gets them from the same compiled graphs (`_forward_features`: the hidden states come out
-beside the logits, so a verification still costs one forward). A draft that brings its own cache (prompt lookup,
-the lookup hybrid, the feature-reading draft) keeps its eager path.
+beside the logits, so a verification still costs one forward), and itself runs compiled on the static cache it
+offers (`make_static_cache`, `eagle.StaticFeatureCache`). A draft that brings its own cache and offers none (prompt
+lookup, the lookup hybrid: no forward worth compiling) keeps its eager path.
 """
 
 from __future__ import annotations
@@ -169,7 +170,7 @@ class StaticCachedModel(CachedModel):
         w = len(tokens)
         if features is not None:
             raise ValueError("the compiled path serves models that read tokens only; a feature-reading draft runs "
-                             "on its own cache (make_cache)")
+                             "on a cache of its own (make_static_cache)")
         if pad_mask is not None and not bool(pad_mask.all()):
             raise ValueError("the compiled path takes no padding: decode one unpadded row")
         if self.fed[0] + max(w, self.block) > self.capacity:

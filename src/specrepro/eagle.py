@@ -209,6 +209,9 @@ class StaticFeatureCache(FeatureCache):
     def run(self, draft: FeatureDraft, input_ids: torch.Tensor, g: torch.Tensor, logits_to_keep: int):
         """One forward of the row's w tokens with inputs g (1, w, d): its logits (1, logits_to_keep or w, V)."""
         w = input_ids.shape[1]
+        if input_ids.shape[0] != 1:
+            raise ValueError(f"the compiled path drafts one row, got {input_ids.shape[0]}: use compile=False for a "
+                             "batch")
         if self.get_seq_length() + max(w, self.block) > self.capacity:
             raise ValueError(f"the draft's static cache holds {self.capacity} slots, and this forward would need "
                              f"{self.get_seq_length() + max(w, self.block)}: pass CompileConfig(slots=...) larger")
@@ -217,14 +220,15 @@ class StaticFeatureCache(FeatureCache):
         if width > w:  # filler after the row: token 0 and zero features, forgotten below
             input_ids = torch.cat([input_ids, input_ids.new_zeros(1, width - w)], 1)
             g = torch.cat([g, g.new_zeros(1, width - w, g.shape[-1])], 1)
-        if width == w and w > self.block:  # the prompt
-            a, logits = _draft_forward(draft, input_ids, g, self.kv)
-        else:
-            a, logits = self._compiled(draft, input_ids, g)
-            if width > w:
-                self.kv.crop(w - width)
-        self.last = a[:, w - 1]
         n = logits_to_keep or w
+        if width == w and w > self.block:  # the prompt, eagerly: the head only where logits are asked for
+            a = draft.body(inputs_embeds=draft.inputs(input_ids, g), cache=self.kv, use_cache=True).last_hidden_state
+            self.last = a[:, -1]
+            return draft.head.full(draft.cut_logits(a[:, -n:]))
+        a, logits = self._compiled(draft, input_ids, g)
+        if width > w:
+            self.kv.crop(w - width)
+        self.last = a[:, w - 1]
         return logits[:, w - n:w]
 
     def _compiled(self, draft, input_ids, g):

@@ -464,8 +464,9 @@ def speculative_generate(target, draft, input_ids: torch.Tensor, *, gamma: int, 
     `check_invariants` asserts both caches' invariants after every iteration (a debug switch; slower).
 
     `compile=True` (or a mode name, or a `specrepro.compiled.CompileConfig`) decodes a single row on static caches
-    with compiled forwards of one token and of gamma + 1 tokens (`specrepro.compiled`), for the target and a
-    transformers draft; a draft with its own cache (prompt lookup) stays eager. Same algorithm, same tokens up to
+    with compiled forwards of one token and of gamma + 1 tokens (`specrepro.compiled`), for the target, a
+    transformers draft and a draft that offers a static cache (the feature-reading one); a draft with its own cache
+    and none to offer (prompt lookup) stays eager. Same algorithm, same tokens up to
     float numerics; the first call compiles (minutes on a CPU), later ones reuse the graphs.
     """
     cfg = SamplingConfig(temperature, top_k, top_p)

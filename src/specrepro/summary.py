@@ -178,7 +178,18 @@ def _speedup_rows(r03, r07) -> list[verdicts.SpeedupRow]:
         rows.append(row("greedy", m, _draft_07(r07)))
         if "sampled" in m:  # section 2c: Chen et al.'s mode against every method at its fastest
             rows.append(row("nucleus", m["sampled"], m["sampled"]["draft"]))
+        for s in _bf16_sampled(m):  # section 2d: the same in bfloat16, against bfloat16 autoregressive decoding
+            label = f"{s['draft']}, 07 bfloat16 {s['config']} ({s['chosen_by']})"
+            rows.append(verdicts.SpeedupRow(task, "nucleus", label, models.is_trained(s["draft"]), s["speedup"],
+                                            _bound(s["speedup_lo"]), _bound(s["speedup_hi"]), int(s["n_prompts"]),
+                                            s["gamma"]))
     return rows
+
+
+def _bf16_sampled(m07: dict) -> list[dict]:
+    """07 section 2d's nucleus-sampled rows in bfloat16 (none where bfloat16 did not run, or 07 predates them)."""
+    rows = m07.get("bf16_sampled") or []
+    return rows if isinstance(rows, list) else [rows]
 
 
 CHEN_ROWS = {  # our (task, decoding) -> the key of Chen et al.'s Table-1 row in claims.json ("table1_<key>_...")
@@ -417,6 +428,9 @@ def table1_beside_chen(res: dict[str, dict], paper_claims: dict | None = None) -
             rows.append(ours_07(f"section 2c (fastest configuration: {s.get('config', '?')}, gamma "
                                 f"{s.get('gamma', '?')})", "nucleus", s, s["draft"],
                                 float(ms.iloc[0]) if len(ms) else float("nan")))
+        for s in _bf16_sampled(m):  # section 2d: over bfloat16 autoregressive decoding
+            rows.append(ours_07(f"section 2d, bfloat16 ({s['config']}, gamma {s['gamma']}: {s['chosen_by']})",
+                                "nucleus", s, s["draft"], float("nan")))
     out = pd.DataFrame(rows)
     if out.empty:
         return out
