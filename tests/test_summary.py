@@ -262,7 +262,7 @@ def test_07s_bfloat16_sampled_rows_join_the_like_for_like_rows(tmp_path):
     (ours, verdict, _), t1 = with_bf16(1.2, 1.4)
     assert "code nucleus (feature-1-s8, 07 bfloat16 compiled (model), gamma 2, 24 prompts) 1.30x [1.20, 1.40]" in ours
     assert verdict.startswith("partly: like for like (sampled, trained draft), 2 of 3")
-    rows = t1[t1.source.str.contains("bfloat16")]
+    rows = t1[t1.source.str.contains("in bfloat16")]
     assert len(rows) == 2 and rows.like_for_like.all() and (rows.decoding == "nucleus").all()
     (_, verdict, _), _ = with_bf16(0.6, 0.8)
     assert verdict.startswith("does not reproduce: like for like (sampled, trained draft), 0 of 3")

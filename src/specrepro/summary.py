@@ -429,7 +429,7 @@ def table1_beside_chen(res: dict[str, dict], paper_claims: dict | None = None) -
                                 f"{s.get('gamma', '?')})", "nucleus", s, s["draft"],
                                 float(ms.iloc[0]) if len(ms) else float("nan")))
         for s in _bf16_sampled(m):  # section 2d: over bfloat16 autoregressive decoding
-            rows.append(ours_07(f"section 2d, bfloat16 ({s['config']}, gamma {s['gamma']}: {s['chosen_by']})",
+            rows.append(ours_07(f"section 2d in bfloat16 ({s['config']}, gamma {s['gamma']}: {s['chosen_by']})",
                                 "nucleus", s, s["draft"], float("nan")))
     out = pd.DataFrame(rows)
     if out.empty:
