@@ -133,6 +133,30 @@ def width_of(w: int, block: int, *, one: bool = True) -> int:
     return 1 if w == 1 and one else block if w <= block else w
 
 
+def check_room(used: int, w: int, block: int, capacity: int, who: str) -> None:
+    """Raise unless a static cache of `capacity` slots, `used` of them filled, has room for a forward of w tokens (a
+    short block runs padded to `block`)."""
+    need = used + max(w, block)
+    if need > capacity:
+        raise ValueError(f"the {who}'s static cache holds {capacity} slots, and this forward would need {need}: pass "
+                         "CompileConfig(slots=...) large enough for the prompt, max_new_tokens and gamma + 1")
+
+
+def call_compiled(step, args: tuple, *, eager, who: str):
+    """(step(*args), step): a compiled forward under `RECOMPILE_LIMIT`. Where compilation fails (no compiler, an
+    unsupported op) it says so in a warning and returns (eager(*args), eager), the uncompiled function the caller
+    keeps from then on. A failure of `eager` itself is raised."""
+    try:
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+            return step(*args), step
+    except Exception as err:
+        if step is eager:
+            raise
+        warnings.warn(f"torch.compile failed for the {who} ({type(err).__name__}: {err}); running on the static "
+                      "cache without compilation (mode='eager')", RuntimeWarning, stacklevel=5)
+        return eager(*args), eager
+
+
 def compiles(model) -> bool:
     """Whether the compiled path applies to `model`: a module without a cache of its own."""
     return isinstance(model, torch.nn.Module) and not hasattr(model, "make_cache")
@@ -173,10 +197,7 @@ class StaticCachedModel(CachedModel):
                              "on a cache of its own (make_static_cache)")
         if pad_mask is not None and not bool(pad_mask.all()):
             raise ValueError("the compiled path takes no padding: decode one unpadded row")
-        if self.fed[0] + max(w, self.block) > self.capacity:
-            raise ValueError(f"the static cache holds {self.capacity} slots, and this forward would need "
-                             f"{self.fed[0] + max(w, self.block)}: pass CompileConfig(slots=...) large enough for the "
-                             "prompt, max_new_tokens and gamma + 1")
+        check_room(self.fed[0], w, self.block, self.capacity, self.who)
         self.log.append((w, self.slots))
         # a target that keeps features runs width 1 only as a verification without drafts (an answer's last token):
         # padded to the block, so that it needs no third graph, compiled in the middle of a timed run
@@ -204,18 +225,11 @@ class StaticCachedModel(CachedModel):
         """The compiled forward: (logits, features or None), cloned (a compiled graph, CUDA graphs, may reuse its
         output buffers at the next call)."""
         layers = self.hidden_layers
-        step = self.steps[bool(layers)]
+        eager = _forward_features if layers else _forward
         args = (self.model, ids, self.cache, width, self.keyword) + ((layers,) if layers else ())
-        try:
-            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-                out = step(*args)
-        except Exception as err:  # compilation unavailable (no compiler, an unsupported op): say so, run eagerly
-            if step in (_forward, _forward_features):
-                raise
-            warnings.warn(f"torch.compile failed for the {self.who} ({type(err).__name__}: {err}); decoding on "
-                          "the static cache without compilation (mode='eager')", RuntimeWarning, stacklevel=4)
+        out, kept = call_compiled(self.steps[bool(layers)], args, eager=eager, who=self.who)
+        if kept is eager:  # compilation failed (or mode "eager"): both widths' graphs run uncompiled from now on
             self.steps, self.mode = {False: _forward, True: _forward_features}, "eager"
-            out = self.steps[bool(layers)](*args)
         return (out[0].clone(), out[1].clone()) if layers else (out.clone(), None)
 
     def keep(self, lengths: list[int]) -> None:

@@ -25,14 +25,13 @@ Training (`specrepro.eagle_train`) is distillation on the target's own answers, 
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from . import paths
-from .compiled import RECOMPILE_LIMIT, compile_in, width_of
+from .compiled import call_compiled, check_room, compile_in, width_of
 from .drafts import CutHead, read_manifest, write_manifest
 
 FEATURE_LAYERS = (2, 16, 30)  # hidden_states indices: a low, a middle layer's output, and the top (final-normed)
@@ -212,9 +211,7 @@ class StaticFeatureCache(FeatureCache):
         if input_ids.shape[0] != 1:
             raise ValueError(f"the compiled path drafts one row, got {input_ids.shape[0]}: use compile=False for a "
                              "batch")
-        if self.get_seq_length() + max(w, self.block) > self.capacity:
-            raise ValueError(f"the draft's static cache holds {self.capacity} slots, and this forward would need "
-                             f"{self.get_seq_length() + max(w, self.block)}: pass CompileConfig(slots=...) larger")
+        check_room(self.get_seq_length(), w, self.block, self.capacity, "draft")
         width = width_of(w, self.block)
         g = g.clone(memory_format=torch.contiguous_format)  # a view (a drafted token's) would recompile on its strides
         if width > w:  # filler after the row: token 0 and zero features, forgotten below
@@ -232,17 +229,11 @@ class StaticFeatureCache(FeatureCache):
         return logits[:, w - n:w]
 
     def _compiled(self, draft, input_ids, g):
-        try:
-            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-                a, logits = self.step(draft, input_ids, g, self.kv)
-            return a.clone(), logits.clone()  # a compiled graph may reuse its output buffers at the next call
-        except Exception as err:  # compilation unavailable: say so, run eagerly on the same cache
-            if self.step is _draft_forward:
-                raise
-            warnings.warn(f"torch.compile failed for the feature draft ({type(err).__name__}: {err}); drafting on "
-                          "the static cache without compilation (mode='eager')", RuntimeWarning, stacklevel=6)
-            self.step, self.mode = _draft_forward, "eager"
-            return _draft_forward(draft, input_ids, g, self.kv)
+        (a, logits), self.step = call_compiled(self.step, (draft, input_ids, g, self.kv), eager=_draft_forward,
+                                               who="feature draft")
+        if self.step is _draft_forward:
+            self.mode = "eager"
+        return a.clone(), logits.clone()  # a compiled graph may reuse its output buffers at the next call
 
 
 def _draft_forward(draft: FeatureDraft, input_ids: torch.Tensor, g: torch.Tensor, kv
