@@ -188,8 +188,7 @@ def _speedup_rows(r03, r07) -> list[verdicts.SpeedupRow]:
 
 def _bf16_sampled(m07: dict) -> list[dict]:
     """07 section 2d's nucleus-sampled rows in bfloat16 (none where bfloat16 did not run, or 07 predates them)."""
-    rows = m07.get("bf16_sampled") or []
-    return rows if isinstance(rows, list) else [rows]
+    return m07.get("bf16_sampled") or []
 
 
 CHEN_ROWS = {  # our (task, decoding) -> the key of Chen et al.'s Table-1 row in claims.json ("table1_<key>_...")
