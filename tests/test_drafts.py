@@ -173,14 +173,13 @@ def test_shipped_small_drafts_load_with_the_target_vocabulary(name):
 
 
 def test_shipped_drafts_fit_the_size_budget():
-    # the drafts ship in the repository: 45 MB in all (the ladder stores only what differs from the target); the
-    # budget was 25 MB until the feature draft (10.4 MB: a decoder layer at the target's width, in bf16) came, and
-    # 35 MB until its retraining on sampled answers, feature-1-s8, shipped beside it (06 and 07's committed outputs
-    # report feature-1; once they are rerun with feature-1-s8, feature-1 can go and the budget return to 35 MB).
-    # feature-1-e8 (8 epochs, greedy answers only) was replaced by feature-1-s8: `make eagle NAME=feature-1-e8
-    # EPOCHS=8` remakes it
+    # the drafts ship in the repository (the ladder stores only what differs from the target). The budget was 25 MB
+    # until the feature draft (10.4 MB: a decoder layer at the target's width, in bf16) came, 45 MB with its
+    # retraining on sampled answers (feature-1-s8) beside it, and 62 MB with feature-2 (two layers, 17 MB), which asks
+    # 06's draft-size question of the feature draft against feature-1 (same recipe). Once 01 and 07 report
+    # feature-1-s8 only, feature-1 and feature-2 could be retrained on its recipe and feature-1 go.
     total = sum(f.stat().st_size for f in MODELS_DIR.rglob("*") if f.is_file())
-    assert total <= 45e6
+    assert total <= 62e6
 
 
 def test_unknown_draft_name_lists_the_shipped_ones():

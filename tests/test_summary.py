@@ -100,6 +100,16 @@ def test_draft_size_reads_the_ladder_sweep_when_it_ran(tmp_path):
     assert "lens-1 0.90x (no interval)" in ours and "winner/runner-up 1.06x (no interval), paired" in ours
     assert "reliably faster than the runner-up in 0 of 1" in verdict_text
     assert "reliably faster than autoregressive decoding in 0 of 1" in verdict_text
+    # the feature draft's own size question (06's feature family) is read beside the ladder's, its label as given
+    fam = dict(winner="feature-2", winner_speedup=1.1, winner_lo=1.0, winner_hi=1.2, runner_up="feature-1",
+               paired_ratio=0.97, paired_lo=0.93, paired_hi=1.01)
+    for label in ("does not reproduce", "reproduces"):
+        res["06-draft-sweep"]["metrics"] |= dict(feature_family=["feature-1", "feature-2"],
+                                                 feature_verdicts={"code_T0": fam},
+                                                 feature_draft_size=dict(label=label, reason="..."))
+        assert summary.ROWS["draft_size"][1](res)[0].endswith(
+            "The feature draft at 2 sizes (feature-1/feature-2), the same question: code T0 feature-2 1.10x [1.00, "
+            f"1.20] (feature-2/feature-1 0.97x [0.93, 1.01], paired); {label}")
     res["06-draft-sweep"]["metrics"]["verdicts"]["code_T0"] |= dict(smallest_wins=False, winner="lens-2")
     assert summary.ROWS["draft_size"][1](res)[1].startswith("does not reproduce: alpha rises from lens-1 to lens-2")
     res["06-draft-sweep"]["table2"].loc[1, "alpha"] = 0.1  # the larger draft agrees less: size buys no accuracy

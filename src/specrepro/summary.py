@@ -272,6 +272,14 @@ def _ladder(r06):
     if r06["metrics"].get("prediction_within_10pct"):  # the out-of-sample prediction (Thm 3.8, calibration apart)
         ours += (f"; predicted before measured within 10% for {r06['metrics']['prediction_within_10pct']} ladder "
                  f"rows (median |error| {r06['metrics']['prediction_median_abs_error']:.1%})")
+    family, fam_verdicts = r06["metrics"].get("feature_family"), r06["metrics"].get("feature_verdicts")
+    if family and fam_verdicts:  # the same question asked of the feature draft at 1 and 2 layers (one recipe)
+        picks = "; ".join(
+            f"{key.replace('_', ' ')} {v['winner']} {_ci(v['winner_speedup'], v['winner_lo'], v['winner_hi'])}"
+            + (f" ({v['winner']}/{v['runner_up']} {_ci(v['paired_ratio'], v['paired_lo'], v['paired_hi'])}, "
+               "paired)" if "paired_lo" in v else "") for key, v in fam_verdicts.items())
+        ours += (f". The feature draft at {len(family)} sizes ({'/'.join(family)}), the same question: {picks}; "
+                 f"{r06['metrics']['feature_draft_size']['label']}")
     return ours, str(verdicts.draft_size(settings, rises, names)), "06-draft-sweep"
 
 

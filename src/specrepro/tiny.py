@@ -56,18 +56,18 @@ def widened(config, width: int, *, seed: int = 0, dtype: torch.dtype = torch.flo
 
 
 def tiny_feature_draft(target, *, seed: int = 2, keep: int | None = None, init_scale: float = 3.0,
-                       regress: bool = False):
-    """A feature-reading draft (`specrepro.eagle.FeatureDraft`, one layer) on a tiny Llama target, reading the
-    target's embedding and its last layer's output (`regress`: the top state alone, EAGLE-1), its cut head keeping
-    `keep` ids (default: all but one), with weights drawn at `init_scale` so that q is far from p (at 0.5, a
-    planted bug in the residual goes unseen)."""
+                       regress: bool = False, layers: int = 1):
+    """A feature-reading draft (`specrepro.eagle.FeatureDraft`, `layers` decoder layers) on a tiny Llama target,
+    reading the target's embedding and its last layer's output (`regress`: the top state alone, EAGLE-1), its cut
+    head keeping `keep` ids (default: all but one), with weights drawn at `init_scale` so that q is far from p (at
+    0.5, a planted bug in the residual goes unseen)."""
     from .eagle import FeatureDraft
 
     vocab, n = target.config.vocab_size, target.config.num_hidden_layers
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         draft = FeatureDraft(target, torch.arange(keep or vocab - 1), feature_layers=(n,) if regress else (0, n),
-                             layers=1, regress=regress)
+                             layers=layers, regress=regress)
         with torch.no_grad():
             for p in draft.parameters():
                 if p.dim() >= 2:  # the matrices; norms keep their weights, the head its zero bias
