@@ -176,8 +176,8 @@ def test_shipped_drafts_fit_the_size_budget():
     # the drafts ship in the repository (the ladder stores only what differs from the target). The budget was 25 MB
     # until the feature draft (10.4 MB: a decoder layer at the target's width, in bf16) came, 45 MB with its
     # retraining on sampled answers (feature-1-s8) beside it, and 62 MB with feature-2 (two layers, 17 MB), which asks
-    # 06's draft-size question of the feature draft against feature-1 (same recipe). Once 01 and 07 report
-    # feature-1-s8 only, feature-1 and feature-2 could be retrained on its recipe and feature-1 go.
+    # 06's draft-size question of the feature draft against feature-1 (same recipe). Once 00 and 01 report
+    # feature-1-s8 too, feature-1 and feature-2 could be retrained on its recipe and feature-1 go.
     total = sum(f.stat().st_size for f in MODELS_DIR.rglob("*") if f.is_file())
     assert total <= 62e6
 

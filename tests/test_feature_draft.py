@@ -395,3 +395,27 @@ def test_a_failed_compilation_of_the_draft_warns_and_drafts_eagerly(feature_pair
     with pytest.warns(RuntimeWarning, match="no C compiler"):
         got = speculative_generate(target, draft, ids, gamma=3, max_new_tokens=12, temperature=0, compile="eager")
     assert torch.equal(got.sequences, ref.sequences)
+
+
+def test_temperature_scan_finds_the_temperature_that_undoes_a_miscalibrated_draft():
+    """A draft whose logits are the target's times s is the target at temperature 1/s: warping q at T_q = T s gives
+    q = p exactly, alpha 1, the scan's best. Too sharp (s = 2) and too flat (s = 0.5) are found on opposite sides;
+    a calibrated draft (s = 1) gains nothing anywhere."""
+    from specrepro.acceptance import temperature_scan
+    from specrepro.sampling import SamplingConfig
+
+    g = torch.Generator().manual_seed(0)
+    target_logits = [3 * torch.randn(n, 50, generator=g) for n in (7, 5, 9, 6)]
+    cfg = SamplingConfig(temperature=0.8)
+    for scale, best_t in ((2.0, 1.6), (0.5, 0.4), (1.0, 0.8)):
+        rows = temperature_scan(target_logits, [scale * t for t in target_logits], cfg, (0.4, 0.8, 1.6), n_boot=200)
+        by_t = {r["draft_temperature"]: r for r in rows}
+        assert max(by_t, key=lambda t: by_t[t]["alpha"]) == best_t
+        assert by_t[best_t]["alpha"] == pytest.approx(1.0, abs=1e-5) and by_t[0.8]["gain"] == 0.0
+        assert rows[0]["positions"] == 27 and rows[0]["continuations"] == 4
+        if scale != 1.0:  # a real gain, its paired interval clear of zero
+            assert by_t[best_t]["gain_lo"] > 0
+        else:
+            assert all(r["gain"] <= 1e-9 for r in rows)
+    with pytest.raises(ValueError, match="greedy"):
+        temperature_scan(target_logits, target_logits, SamplingConfig(temperature=0), (0.5,))

@@ -70,7 +70,6 @@ def target_continuations(target, tokenizer, task: str, *, n_prompts: int, n_toke
 
 
 @torch.no_grad()
-@torch.no_grad()
 def position_logits(model, prompt_ids: torch.Tensor, new_ids: torch.Tensor, *, target=None) -> torch.Tensor:
     """Logits predicting each of new_ids[0, i] from prompt + new_ids[:, :i], one full forward: (n, V).
 
@@ -111,6 +110,36 @@ def expected_acceptance(target, draft, samples: list[dict], cfg: SamplingConfig,
     return total / count if count else float("nan")
 
 
+def temperature_scan(target_logits: list[torch.Tensor], draft_logits: list[torch.Tensor], cfg: SamplingConfig,
+                     temperatures, *, n_boot: int = 2000, seed: int = 0) -> list[dict]:
+    """Is a draft's alpha held down by its calibration? Speculative sampling stays exact for any q, so a draft whose
+    q is too flat or too sharp could sample at its own temperature. Per draft temperature T_q: alpha (pooled over
+    every position, p warped by `cfg`, q by `cfg` with T_q) and its gain over T_q = cfg.temperature with a paired
+    bootstrap interval over the continuations (one list entry each: (n, V) logits from `position_logits`). The best
+    T_q is chosen on these same positions, so its gain is an optimistic bound, not a prediction."""
+    if len(target_logits) != len(draft_logits) or not target_logits:
+        raise ValueError(f"one target and one draft logits tensor per continuation, got {len(target_logits)} and "
+                         f"{len(draft_logits)}")
+    if cfg.greedy:
+        raise ValueError("greedy decoding has no temperature to scan: q is one-hot at the draft's argmax")
+    counts = np.array([t.shape[0] for t in target_logits], dtype=np.float64)
+    p = [probs_from_logits(t, cfg) for t in target_logits]
+
+    def beta_sums(t_q: float) -> np.ndarray:  # sum of beta over each continuation's positions
+        q_cfg = SamplingConfig(temperature=t_q, top_k=cfg.top_k, top_p=cfg.top_p)
+        return np.array([float(torch.minimum(pi, probs_from_logits(d, q_cfg)).sum()) for pi, d in zip(p, draft_logits)])
+
+    base = beta_sums(cfg.temperature)
+    rows = []
+    for t_q in temperatures:
+        sums = base if t_q == cfg.temperature else beta_sums(t_q)
+        gain = intervals.bootstrap(lambda a, b, n: float((b.sum() - a.sum()) / n.sum()), base, sums, counts,
+                                   n_boot=n_boot, seed=seed)
+        rows.append(dict(draft_temperature=float(t_q), alpha=float(sums.sum() / counts.sum()), gain=gain.estimate,
+                         gain_lo=gain.lo, gain_hi=gain.hi, continuations=len(counts), positions=int(counts.sum())))
+    return rows
+
+
 def agreement_intervals(hits, scored, *, n_boot: int = 2000, seed: int = 0) -> list[intervals.Interval]:
     """Per draft depth, the pooled top-1 agreement sum(hits) / sum(scored) with its percentile-bootstrap interval
     over rows (one request's answer each): `hits`, `scored` are (rows, depth) counts from
@@ -142,7 +171,7 @@ def agreement_difference(a, b, *, n_boot: int = 2000, seed: int = 0) -> list[int
 def main(argv: list[str] | None = None) -> int:
     """`python -m specrepro.acceptance DRAFT [DRAFT ...]`: stored feature drafts' top-1 agreement with the target per
     depth on the training answers' training and held-out rows (a check for overfitting), each with its interval over
-    rows, and each later draft's paired difference from the first."""
+    rows, and each later draft's paired difference from the first; with --temperature-scan, `temperature_scan`."""
     import argparse
     from pathlib import Path
 
@@ -157,8 +186,27 @@ def main(argv: list[str] | None = None) -> int:
                     "requests as `eagle_train --sampled-code` used (470 for the shipped sampled set)")
     ap.add_argument("--sampled-text", type=int, default=0, help="the same for text requests (586)")
     ap.add_argument("--held-out-only", action="store_true", help="skip the training rows (ten times as many)")
+    ap.add_argument("--temperature-scan", action="store_true", help="instead: each draft's alpha at T = 0.8 with "
+                    "top-p 0.95 when q is warped at other temperatures (`temperature_scan`), on the target's own "
+                    "continuations (96 tokens sampled at T = 0.8) of --prompts held-out prompts per task")
+    ap.add_argument("--prompts", type=int, default=12, help="prompts per task of the temperature scan")
+    ap.add_argument("--seed", type=int, default=23, help="the scan's prompt sample (the notebooks use 0, 7 and 11)")
     args = ap.parse_args(argv)
     target, tokenizer = models.load_target(), models.load_tokenizer()
+    if args.temperature_scan:
+        cfg = SamplingConfig(temperature=0.8, top_p=0.95)
+        for task in ("code", "text"):
+            samples = target_continuations(target, tokenizer, task, n_prompts=args.prompts, n_tokens=96,
+                                           temperature=cfg.temperature, seed=args.seed, target_id=models.GGUF_SHA256)
+            tl = [position_logits(target, s["prompt_ids"], s["new_ids"]) for s in samples]
+            for path in args.drafts:
+                draft = load(path, target=target)
+                dl = [position_logits(draft, s["prompt_ids"], s["new_ids"], target=target) for s in samples]
+                for r in temperature_scan(tl, dl, cfg, (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)):
+                    print(f"{path.name}, {task}, T_q {r['draft_temperature']:g}: alpha {r['alpha']:.3f}, gain over "
+                          f"T_q = {cfg.temperature:g} {r['gain']:+.3f} [{r['gain_lo']:+.3f}, {r['gain_hi']:+.3f}] "
+                          f"({r['continuations']} continuations, {r['positions']} positions)")
+        return 0
     _, labels, sampled = answer_sets(target, tokenizer, sampled_code=args.sampled_code, sampled_text=args.sampled_text)
     drafts = [load(path, target=target) for path in args.drafts]
 
