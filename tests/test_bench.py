@@ -320,3 +320,16 @@ def test_a_converted_copy_decodes_with_its_own_forward_after_transformers_compil
     out = bench.hf_generate(copy16, x, max_new_tokens=4, compile=compiled)
     assert out.shape == (1, 8)
     assert next(copy16.parameters()).dtype == torch.bfloat16 and next(target.parameters()).dtype == torch.float32
+
+
+def test_a_baseline_too_brief_to_time_is_never_the_fastest():
+    """transformers' generate here took less for 11 tokens than its first token took apart (noise in a run of a few
+    milliseconds): its decode time is negative, no measurement, so ours is the baseline; with none positive, a
+    clear error."""
+    runs = [bench.Run(m, p, 0, secs, 0.004, 11) for p in range(3)
+            for m, secs in (("autoregressive", 0.05), (bench.HF_AUTOREGRESSIVE, 0.003), ("speculative", 0.03))]
+    s = bench.summarize(runs)
+    assert s["speculative"]["baseline"] == "autoregressive"
+    assert s["speculative"]["speedup"] == pytest.approx((0.05 - 0.004) / (0.03 - 0.004))
+    with pytest.raises(ValueError, match="too short to time"):
+        bench.summarize([r for r in runs if r.method != "autoregressive"])

@@ -318,7 +318,13 @@ def summarize(runs: list[Run]) -> dict[str, dict]:
             out[m] |= dict(target_forwards_per_token=len(fwd) / tokens,
                            target_forward_ms_per_token=1e3 * sum(t for _, t in fwd) / tokens,
                            other_ms_per_token=1e3 * (sum(r.seconds for r in rs) - sum(t for _, t in fwd)) / tokens)
-    bases = [m for m in AUTOREGRESSIVE if m in out]
+    # a method whose decode time is not positive ran too briefly to tell its first token (timed in separate calls)
+    # from the rest: it is no measurement of decoding speed, so never the baseline (seen in smoke runs of tiny models
+    # on a loaded machine, where a handful of tokens take a few milliseconds)
+    bases = [m for m in AUTOREGRESSIVE if m in out and out[m]["decode_ms_per_token"] > 0]
+    if any(m in out for m in AUTOREGRESSIVE) and not bases:
+        raise ValueError("no autoregressive run has a positive decode time (total minus the first token's, timed "
+                         "apart): the runs are too short to time; raise max_new_tokens")
     if bases:
         baseline = min(bases, key=lambda m: out[m]["decode_ms_per_token"])
         base = out[baseline]["decode_ms_per_token"]
