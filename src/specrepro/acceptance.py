@@ -193,14 +193,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=23, help="the scan's prompt sample (the notebooks use 0, 7 and 11)")
     args = ap.parse_args(argv)
     target, tokenizer = models.load_target(), models.load_tokenizer()
+    drafts = [load(path, target=target) for path in args.drafts]
     if args.temperature_scan:
         cfg = SamplingConfig(temperature=0.8, top_p=0.95)
         for task in ("code", "text"):
             samples = target_continuations(target, tokenizer, task, n_prompts=args.prompts, n_tokens=96,
                                            temperature=cfg.temperature, seed=args.seed, target_id=models.GGUF_SHA256)
             tl = [position_logits(target, s["prompt_ids"], s["new_ids"]) for s in samples]
-            for path in args.drafts:
-                draft = load(path, target=target)
+            for path, draft in zip(args.drafts, drafts):
                 dl = [position_logits(draft, s["prompt_ids"], s["new_ids"], target=target) for s in samples]
                 for r in temperature_scan(tl, dl, cfg, (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)):
                     print(f"{path.name}, {task}, T_q {r['draft_temperature']:g}: alpha {r['alpha']:.3f}, gain over "
@@ -208,7 +208,6 @@ def main(argv: list[str] | None = None) -> int:
                           f"({r['continuations']} continuations, {r['positions']} positions)")
         return 0
     _, labels, sampled = answer_sets(target, tokenizer, sampled_code=args.sampled_code, sampled_text=args.sampled_text)
-    drafts = [load(path, target=target) for path in args.drafts]
 
     def show(values) -> str:
         return "; ".join(f"depth {k}: {iv}" for k, iv in enumerate(values, 1))
