@@ -192,8 +192,8 @@ def test_ragged_batches_sample_each_prompts_distribution_and_catch_a_planted_bug
 
 
 @pytest.mark.parametrize("feature", [False, True])
-def test_shared_prompts_are_computed_once_and_sample_the_same_distribution(feature):
-    from specrepro.distribution import SharedPromptTarget, exact_joint_sparse, gof_sparse, sample_ragged
+def test_distinct_rows_are_computed_once_and_sample_the_same_distribution(feature):
+    from specrepro.distribution import DistinctRows, exact_joint_sparse, gof_sparse, sample_ragged
     from specrepro.generate import decode, left_pad, pooled_alpha
     from specrepro.tiny import tiny_draft, tiny_feature_draft, tiny_target
 
@@ -204,18 +204,24 @@ def test_shared_prompts_are_computed_once_and_sample_the_same_distribution(featu
     for rows in ([prompts[0]] * 5, [prompts[0], prompts[1], prompts[0], prompts[1], prompts[1]]):
         ids, mask = left_pad(rows, 0)
         plain = decode(target, draft, ids, mask, gamma=2, max_new_tokens=6, cfg=greedy, pad_token_id=0)
+        made = []
         shared = decode(target, draft, ids, mask, gamma=2, max_new_tokens=6, cfg=greedy, pad_token_id=0,
-                        cached_model=SharedPromptTarget, check_invariants=True)
+                        cached_model=lambda *a, made=made, **kw: made.append(DistinctRows(*a, **kw)) or made[-1],
+                        check_invariants=True)
         assert torch.equal(plain.sequences, shared.sequences)
-        # the distinct prompts once (the longest less the block whose logits are asked), then every row's rest
-        first, rest = shared.stats.target_forwards[:2]
-        assert first[1] == 0 and first[0] < len(prompts[0]) and rest[1] == first[0]
-        assert first[0] + rest[0] == plain.stats.target_forwards[0][0]
+        # greedy rows of one prompt stay one sequence: every forward computed one row per distinct prompt
+        assert [m.distinct_rows for m in made] == [len({tuple(r) for r in rows})] * 2
+        assert len(shared.stats.target_forwards) == len(plain.stats.target_forwards)
+    # sampled rows branch, roll back and finish at different times; the invariants hold after every iteration
     cfg = SamplingConfig(1.0, top_k=3)
+    ids, mask = left_pad([prompts[0], prompts[1]] * 20, 0)
+    r = decode(target, draft, ids, mask, gamma=2, max_new_tokens=4, cfg=cfg, pad_token_id=0, eos={5},
+               generator=torch.Generator().manual_seed(2), cached_model=DistinctRows, check_invariants=True)
+    assert len({tuple(s) for s in r.sequences.tolist()}) > 2  # the rows did branch
     for one_prompt_a_batch in (True, False):
         got, stats = sample_ragged(target, draft, prompts, method="speculative", n_tokens=3, n_samples=1500, cfg=cfg,
-                            generator=torch.Generator().manual_seed(1), gamma=2, batch_rows=50,
-                            shared_prompt=one_prompt_a_batch)
+                                   generator=torch.Generator().manual_seed(1), gamma=2, batch_rows=50,
+                                   shared_prompt=one_prompt_a_batch)
         assert [a.shape for a in got] == [(1500, 3)] * 2 and [len(s) for s in stats] == [1500] * 2
         assert 0 < pooled_alpha(stats[0]) < 1  # drafts were proposed, some accepted and some rejected
         for p, samples in zip(prompts, got):
@@ -236,7 +242,7 @@ def test_a_planted_bug_in_the_shared_prompt_sampler_is_rejected():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("draft_name", ["prompt-lookup", "feature-1"])
+@pytest.mark.parametrize("draft_name", ["prompt-lookup", "feature-1-s8"])
 def test_the_real_pair_samples_the_targets_first_tokens(draft_name):
     """On SmolLM2 and a shipped draft, in a ragged batch: no sample outside the target's top-k support (a wrong
     vocabulary, a feature draft fed the wrong states, a misplaced row would put some there) and no rejection by
@@ -272,3 +278,17 @@ def test_the_detectable_error_shrinks_with_the_sample_and_is_detected_at_that_si
     assert rejection_rate(moved, exact, n_samples=5000, false_alarm=FALSE_ALARM, reps=300) >= 0.8
     assert rejection_rate(exact, exact, n_samples=5000, false_alarm=FALSE_ALARM, reps=300) < 0.02
     assert np.isnan(detectable_tv({(1,): 1.0}, 100, false_alarm=FALSE_ALARM))  # one continuation: nothing to move
+
+
+def test_power_against_a_fixed_error_grows_with_the_sample_and_the_error():
+    from specrepro.distribution import detectable_tv, power_against_tv, shifted_toward_top
+
+    exact = {(0,): 0.4, (1,): 0.3, (2,): 0.2, (3,): 0.05, (4,): 0.05}
+    probs, shifted = shifted_toward_top(exact, 0.1)
+    assert np.isclose(shifted.sum(), 1) and np.isclose(0.5 * np.abs(shifted - probs).sum(), 0.1)
+    small, large = (power_against_tv(exact, 0.05, n, false_alarm=FALSE_ALARM, reps=300) for n in (500, 5000))
+    assert small < 0.5 < 0.9 < large
+    assert power_against_tv(exact, 0.0, 5000, false_alarm=FALSE_ALARM, reps=300) < 0.02  # no error: false alarms
+    tv = detectable_tv(exact, 2000, false_alarm=FALSE_ALARM, reps=300)
+    assert power_against_tv(exact, tv, 2000, false_alarm=FALSE_ALARM, reps=300) >= 0.8
+    assert np.isnan(power_against_tv(exact, 0.7, 2000, false_alarm=FALSE_ALARM))  # more than the others hold

@@ -61,6 +61,11 @@ def test_the_distribution_row_fails_when_the_real_pair_rejects(tmp_path):
         (folder / "metrics.json").write_text(json.dumps(metrics | {"real_pair": real | change}))
         row = summary.summary_table(summary.results(tmp_path)).set_index("claim").loc["distribution"]
         assert row.verdict.startswith(verdict) and "6 tests" in row.ours and "0.03-0.05" in row.ours
+    real |= dict(zhang_tv=0.05, power_at_zhang_tv=[0.93, 1.0], small_batch=dict(
+        batch_rows=8, draft="feature-1-s8", n_samples=2000, tests=3, min_p_value=0.2))
+    (folder / "metrics.json").write_text(json.dumps(metrics | {"real_pair": real}))
+    row = summary.summary_table(summary.results(tmp_path)).set_index("claim").loc["distribution"]
+    assert "power 0.93-1.00 against an error of 0.05" in row.ours and "at batch 8 (feature-1-s8, 2,000" in row.ours
 
 
 def test_draft_size_reads_the_ladder_sweep_when_it_ran(tmp_path):

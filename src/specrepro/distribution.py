@@ -20,7 +20,7 @@ from scipy import stats as sps
 
 from .generate import GenerationStats, Steps, accept, decode, draw_uniforms, left_pad, propose
 from .intervals import proportion
-from .kvcache import CachedModel, left_padded, make_cache, model_forward
+from .kvcache import CachedModel, make_cache, model_forward
 from .sampling import SamplingConfig, probs_from_logits, sample_from, speculative_accept
 
 
@@ -96,43 +96,107 @@ def gof_sparse(samples: np.ndarray, exact: dict[tuple[int, ...], float], min_exp
     return chisquare_gof(counts, probs / probs.sum(), min_expected)
 
 
-class SharedPromptTarget(CachedModel):
-    """The target's cache bookkeeping for a batch in which many rows hold the same prompt (`sample_ragged`): its
-    first forward computes each distinct prompt once (the distinct prompts left-padded into one small batch),
-    copies each one's cache slots and slot mask to the rows that hold it, and then feeds every row the rest of its
-    first block (the prompt's last tokens and its drafts) as `CachedModel.feed` does. For a sampling study this is
-    most of the work saved: the prompt is the long part of a row that samples a few tokens. The rows of the batch
-    still grow raggedly, with their own masks and positions; every later forward is `CachedModel.feed` unchanged,
-    and so is a first forward that would share nothing."""
+class DistinctRows:
+    """Cache bookkeeping for a sampling study (`sample_ragged`): each forward computes every *distinct* row once.
+
+    A row's logits and states are a function of the tokens it holds, so rows that hold the same tokens need one
+    computation between them. In a sampling study they are most rows: thousands of rows share a handful of prompts,
+    a prompt-lookup draft proposes the same tokens to all of them, and the first few sampled tokens branch into a
+    few hundred continuations at most. An inner `CachedModel` holds one row per distinct sequence; this class maps
+    the loop's rows onto it, and presents the interface the loop (`generate.decode`) uses: `feed`, `keep`,
+    `select`, `check`, `fed`, `hidden_layers`, `features`. Every forward runs on the inner rows as generation runs
+    them (left-padded, ragged, with holes), so the batch bookkeeping is the one tested, on fewer rows. The loop's
+    own steps (propose, accept, rollback) run for every row with its own random numbers, unchanged.
+
+    Used for the target and the draft alike. What it does not preserve is the composition of a batch, which can
+    move logits in their last bits (04 measures that): a study of batch numerics uses `CachedModel`."""
+
+    def __init__(self, model, who: str, log: list[tuple[int, int]], rows: int = 1):
+        self.model, self.who, self.log = model, who, log
+        self.held: list[tuple[int, ...]] = [()] * rows  # the tokens each of the loop's rows holds
+        self.row: list[int] = [0] * rows  # each row's inner row
+        self.inner: CachedModel | None = None  # one row per distinct sequence in `held`, none before the first feed
+        self.hidden_layers: tuple[int, ...] = ()
+        self.features: torch.Tensor | None = None
+
+    @property
+    def fed(self) -> list[int]:
+        return [len(h) for h in self.held]
+
+    @property
+    def distinct_rows(self) -> int:
+        """Rows the last forward computed."""
+        return len(self.inner.fed) if self.inner is not None else 0
+
+    def _regroup(self, held: list[tuple[int, ...]], rows: list[int]) -> None:
+        """Make the loop's rows hold `held` (each a prefix of what row rows[b] holds, row b of `held`): the inner
+        rows become its distinct sequences in order of first appearance, each copied from an inner row that holds
+        it or more, then cut to it."""
+        first: dict[tuple[int, ...], int] = {}
+        for b, h in zip(rows, held):
+            first.setdefault(h, b)
+        source = [self.row[b] for b in first.values()]
+        if source != list(range(len(self.inner.fed))):
+            self.inner.select(source)
+        self.inner.keep([len(h) for h in first])
+        where = {h: u for u, h in enumerate(first)}
+        self.held, self.row = held, [where[h] for h in held]
 
     @torch.no_grad()
     def feed(self, new, n_logits, pad_mask=None, features=None):
-        cut = [len(row) - n_logits for row in new]  # a row's prefix: all but the positions whose logits are asked
-        heads = [tuple(row[:c]) for row, c in zip(new, cut)]
-        distinct = list(dict.fromkeys(heads))
-        if (self.who != "target" or any(self.fed) or pad_mask is not None or features is not None
-                or min(cut) < 1 or len(distinct) == len(new) or not hasattr(self.cache, "batch_select_indices")):
-            return super().feed(new, n_logits, pad_mask, features)
-        one = CachedModel(self.model, self.who, self.log, rows=len(distinct))
-        one.hidden_layers = self.hidden_layers
-        one.feed([list(h) for h in distinct], 1)
-        index = [distinct.index(h) for h in heads]
-        self.cache = one.cache
-        self.cache.batch_select_indices(torch.tensor(index, device=self.device))  # repeated rows: copies
-        self.mask = one.mask[index] if one.mask is not None else None
-        self.fed = [len(h) for h in heads]
-        logits = super().feed([row[c:] for row, c in zip(new, cut)], n_logits)
-        if self.hidden_layers:  # each row's states at every position it was fed, as one forward of its block
-            width = one.features.shape[1]  # the rest is n_logits wide in every row
-            rows = [torch.cat([one.features[u, width - c:], self.features[b]])
-                    for b, (u, c) in enumerate(zip(index, cut))]
-            self.features = left_padded(rows, max(len(row) for row in new))
-        return logits
+        if pad_mask is not None:
+            raise ValueError("DistinctRows feeds rows of real tokens (the loop's blocks); a pad_mask is not taken")
+        grown = [h + tuple(t) for h, t in zip(self.held, new)]
+        longest: dict[tuple[int, ...], int] = {}  # per distinct sequence, the row that feeds the most of it
+        for b, g in enumerate(grown):
+            if g not in longest or len(new[b]) > len(new[longest[g]]):
+                longest[g] = b
+        feeders = list(longest.values())  # in order of first appearance: the inner rows' order
+        if self.inner is None:
+            self.inner = CachedModel(self.model, self.who, self.log, rows=len(feeders))
+            self.inner.hidden_layers = self.hidden_layers
+        else:  # each feeder's inner row holds its sequence before this block: copy those rows, then feed
+            source = [self.row[b] for b in feeders]
+            if source != list(range(len(self.inner.fed))):
+                self.inner.select(source)
+        logits = self.inner.feed([list(new[b]) for b in feeders], n_logits,
+                                 features=[features[b] for b in feeders] if features is not None else None)
+        where = {grown[b]: u for u, b in enumerate(feeders)}
+        self.held, self.row = grown, [where[g] for g in grown]
+        index = torch.tensor(self.row, device=logits.device)
+        if self.hidden_layers:  # a row's block is the end of its feeder's: the same positions, the same states
+            self.features = self.inner.features[index]
+        return logits[index]
+
+    def keep(self, lengths: list[int]) -> None:
+        """Roll row b back to its first lengths[b] tokens."""
+        held = [h[:k] for h, k in zip(self.held, lengths)]
+        if held != self.held:
+            self._regroup(held, list(range(len(held))))
+
+    def select(self, rows: list[int]) -> None:
+        """Keep only the given rows (in this order): the others have finished."""
+        self._regroup([self.held[r] for r in rows], rows)
+
+    def check(self, lengths: list[int]) -> None:
+        """The loop's invariants (`CachedModel.check`) on the rows, and the inner rows' own: one per distinct
+        sequence, each holding exactly its tokens."""
+        if self.fed != list(lengths):
+            raise AssertionError(f"{self.who} rows hold {self.fed} tokens, expected {list(lengths)}")
+        distinct = list(dict.fromkeys(self.held))
+        if self.inner is None and not any(self.held):  # nothing fed yet (a draft waiting for the target's states)
+            return
+        if self.inner is None or len(self.inner.fed) != len(distinct):
+            raise AssertionError(f"{self.who}: {len(distinct)} distinct rows, inner cache of "
+                                 f"{self.distinct_rows}")
+        if any(distinct[self.row[b]] != h for b, h in enumerate(self.held)):
+            raise AssertionError(f"{self.who}: a row maps to an inner row holding other tokens")
+        self.inner.check([len(h) for h in distinct])
 
 
 def sample_ragged(target, draft, prompts: list[list[int]], *, method: str, n_tokens: int, n_samples: int,
                   cfg: SamplingConfig, generator: torch.Generator, gamma: int = 1, batch_rows: int = 8,
-                  pad_token_id: int = 0, shared_prompt: bool = False, share_prompts: bool = True,
+                  pad_token_id: int = 0, shared_prompt: bool = False, distinct_rows: bool = True,
                   steps: Steps | None = None
                   ) -> tuple[list[np.ndarray], list[list[GenerationStats]]]:
     """`n_samples` continuations of each prompt, drawn by the batched loop (`generate.decode`): per prompt an
@@ -140,9 +204,10 @@ def sample_ragged(target, draft, prompts: list[list[int]], *, method: str, n_tok
     proposed and accepted: `generate.pooled_alpha`).
 
     By default each batch of `batch_rows` rows cycles through the prompts, so rows of different lengths decode
-    together (left-padded); `shared_prompt` fills each batch with one prompt instead. Either way the target
-    computes each distinct prompt of a batch once (`SharedPromptTarget`; `share_prompts=False` computes every row's,
-    as generation does). `steps` swaps the loop's step functions (a planted bug of `planted_bug`)."""
+    together (left-padded); `shared_prompt` fills each batch with one prompt instead. Either way each forward of
+    the target and the draft computes each distinct row of the batch once (`DistinctRows`; `distinct_rows=False`
+    computes every row, as generation does). `steps` swaps the loop's step functions (a planted bug of
+    `planted_bug`)."""
     if method not in ("autoregressive", "speculative") or not prompts or batch_rows < 1:
         raise ValueError("need method 'autoregressive' or 'speculative', at least one prompt and batch_rows >= 1")
     d = draft if method == "speculative" else None
@@ -158,7 +223,7 @@ def sample_ragged(target, draft, prompts: list[list[int]], *, method: str, n_tok
         ids, mask = left_pad([prompts[w] for w in which], pad_token_id)
         r = decode(target, d, ids, mask, gamma=gamma if d is not None else 0, max_new_tokens=n_tokens, cfg=cfg,
                    generator=generator, pad_token_id=pad_token_id, steps=steps,
-                   cached_model=SharedPromptTarget if share_prompts else CachedModel)
+                   cached_model=DistinctRows if distinct_rows else CachedModel)
         new = r.sequences[:, ids.shape[1]:].numpy()
         for row, w in enumerate(which):
             out[w].append(new[row:row + 1])
@@ -312,26 +377,41 @@ def rejection_rate(sampler_probs: np.ndarray, exact: np.ndarray, *, n_samples: i
     return float(np.mean([chisquare_gof(c, exact).rejects(false_alarm) for c in counts]))
 
 
-def detectable_tv(exact: np.ndarray | dict, n_samples: int, *, false_alarm: float, target_power: float = 0.8,
-                  reps: int = 200, seed: int = 0) -> float:
-    """The smallest total-variation error `chisquare_gof` detects with `target_power` at `n_samples` samples, by
-    simulation (`rejection_rate`, bisection to about 0.002): the error moves that much probability onto the most
+def shifted_toward_top(exact: np.ndarray | dict, tv: float) -> tuple[np.ndarray, np.ndarray]:
+    """The alternative `detectable_tv` and `power_against_tv` test against: `tv` of probability moved onto the most
     likely continuation from the others in proportion, the way a sampler that leans toward the draft's or the
-    target's argmax errs. `exact`: probabilities over the cells, or `exact_joint_sparse`'s dict. NaN if even
-    moving all the other mass is not detected."""
+    target's argmax errs. Returns (exact, shifted), both normalised arrays over the same cells."""
     probs = np.fromiter(exact.values(), dtype=np.float64) if isinstance(exact, dict) else np.ravel(exact)
     probs = probs / probs.sum()
     top = int(probs.argmax())
+    out = probs * (1 - tv / (1 - probs[top]))
+    out[top] = probs[top] + tv
+    return probs, out
 
-    def moved(tv: float) -> np.ndarray:
-        out = probs * (1 - tv / (1 - probs[top]))
-        out[top] = probs[top] + tv
-        return out
+
+def power_against_tv(exact: np.ndarray | dict, tv: float, n_samples: int, *, false_alarm: float, reps: int = 200,
+                     seed: int = 0) -> float:
+    """Power of `chisquare_gof` at `n_samples` samples against a sampler `tv` away from `exact`
+    (`shifted_toward_top`), by simulation (`rejection_rate`). NaN where the other continuations hold less than
+    `tv` of the mass (no such sampler exists)."""
+    probs, shifted = shifted_toward_top(exact, tv)
+    if tv > 1 - probs.max():
+        return float("nan")
+    return rejection_rate(shifted, probs, n_samples=n_samples, false_alarm=false_alarm, reps=reps, seed=seed)
+
+
+def detectable_tv(exact: np.ndarray | dict, n_samples: int, *, false_alarm: float, target_power: float = 0.8,
+                  reps: int = 200, seed: int = 0) -> float:
+    """The smallest total-variation error `chisquare_gof` detects with `target_power` at `n_samples` samples, by
+    simulation (`power_against_tv`, bisection to about 0.002) against `shifted_toward_top`'s alternative.
+    `exact`: probabilities over the cells, or `exact_joint_sparse`'s dict. NaN if even moving all the other mass
+    is not detected."""
+    probs, _ = shifted_toward_top(exact, 0.0)
 
     def power(tv: float) -> float:
-        return rejection_rate(moved(tv), probs, n_samples=n_samples, false_alarm=false_alarm, reps=reps, seed=seed)
+        return power_against_tv(probs, tv, n_samples, false_alarm=false_alarm, reps=reps, seed=seed)
 
-    lo, hi = 0.0, float(1 - probs[top])
+    lo, hi = 0.0, float(1 - probs.max())
     if hi <= 0 or power(hi) < target_power:
         return float("nan")
     while hi - lo > 0.002:

@@ -71,8 +71,13 @@ def _distribution(r):
         ours += (f"; the real pair ({', '.join(real['drafts'])}; first {real['n_tokens']} tokens of "
                  f"{len(real['prompts'])} prompts in ragged batches, {real['n_samples']:,} samples each): smallest "
                  f"p-value {real['min_p_value']:.2f} over {real['tests']} tests, detectable error (80% power) "
-                 f"{real['detectable_tv'][0]:.2f}-{real['detectable_tv'][1]:.2f} in total variation; its planted "
-                 f"bug rejected in {real['bug_rejected']} of {real['bug_tests']} prompts")
+                 f"{real['detectable_tv'][0]:.2f}-{real['detectable_tv'][1]:.2f} in total variation"
+                 + (f", power {real['power_at_zhang_tv'][0]:.2f}-{real['power_at_zhang_tv'][1]:.2f} against an error "
+                    f"of {real['zhang_tv']} (Zhang et al.'s ~5% of rows)" if "power_at_zhang_tv" in real else "")
+                 + (f"; at batch {small['batch_rows']} ({small['draft']}, {small['n_samples']:,} samples): smallest "
+                    f"p-value {small['min_p_value']:.2f} over {small['tests']} tests"
+                    if (small := real.get("small_batch")) else "")
+                 + f"; its planted bug rejected in {real['bug_rejected']} of {real['bug_tests']} prompts")
         ok = ok and real_ok
     verdict = "reproduces" if ok else ("does not reproduce: a test rejected" if m["min_p_value"] < m["false_alarm"]
                                        else "does not reproduce: a test on the real pair rejected")
