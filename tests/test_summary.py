@@ -93,7 +93,7 @@ def test_draft_size_reads_the_ladder_sweep_when_it_ran(tmp_path):
     # the paired test decides where the folder has it: here the winner is not reliably faster than the runner-up
     res["06-draft-sweep"]["metrics"]["verdicts"]["code_T0"] |= dict(paired_ratio=1.06, paired_lo=0.98, paired_hi=1.15)
     ours, verdict_text, _ = summary.ROWS["draft_size"][1](res)
-    assert "runner-up lens-2 (winner/runner-up 1.06x [0.98, 1.15], paired)" in ours
+    assert "runner-up lens-2 (lens-1/lens-2 1.06x [0.98, 1.15], paired)" in ours
     assert verdict_text.startswith("partly: alpha rises from lens-1 to lens-2 in every setting; the smallest draft "
                                    "wins in 1 of 1, and the winner is reliably faster than the runner-up in 0 of 1")
     # one sweep prompt: JSON holds null for the bounds (no interval); read as "no interval", never as reliable
@@ -102,7 +102,7 @@ def test_draft_size_reads_the_ladder_sweep_when_it_ran(tmp_path):
     res_one = res | {"06-draft-sweep": res["06-draft-sweep"] | {"metrics": {"verdicts": {"code_T0": one},
                                                                            "n_prompts": 1}}}
     ours, verdict_text, _ = summary.ROWS["draft_size"][1](res_one)
-    assert "lens-1 0.90x (no interval)" in ours and "winner/runner-up 1.06x (no interval), paired" in ours
+    assert "lens-1 0.90x (no interval)" in ours and "lens-1/lens-2 1.06x (no interval), paired" in ours
     assert "reliably faster than the runner-up in 0 of 1" in verdict_text
     assert "reliably faster than autoregressive decoding in 0 of 1" in verdict_text
     # the feature draft's own size question (06's feature family) is read beside the ladder's, its label as given
@@ -113,8 +113,8 @@ def test_draft_size_reads_the_ladder_sweep_when_it_ran(tmp_path):
                                                  feature_verdicts={"code_T0": fam},
                                                  feature_draft_size=dict(label=label, reason="..."))
         assert summary.ROWS["draft_size"][1](res)[0].endswith(
-            "The feature draft at 2 sizes (feature-1/feature-2), the same question: code T0 feature-2 1.10x [1.00, "
-            f"1.20] (feature-2/feature-1 0.97x [0.93, 1.01], paired); {label}")
+            "The feature draft at 2 sizes (feature-1/feature-2), the same question: code T0: feature-2 1.10x [1.00, "
+            f"1.20], runner-up feature-1 (feature-2/feature-1 0.97x [0.93, 1.01], paired); {label}")
     res["06-draft-sweep"]["metrics"]["verdicts"]["code_T0"] |= dict(smallest_wins=False, winner="lens-2")
     assert summary.ROWS["draft_size"][1](res)[1].startswith("does not reproduce: alpha rises from lens-1 to lens-2")
     res["06-draft-sweep"]["table2"].loc[1, "alpha"] = 0.1  # the larger draft agrees less: size buys no accuracy

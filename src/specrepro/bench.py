@@ -375,6 +375,9 @@ def sweep_row(runs: list[Run], gamma: int, *, draft_ms_per_token: float, verify_
     spec = [r.stats for r in runs if r.method == "speculative"]
     alpha, lengths = pooled_alpha(spec), walltime.proposal_lengths(runs)
     ar_ms, measured = s["autoregressive"]["decode_ms_per_token"], s["speculative"]["speedup"]
+    if ar_ms <= 0:  # as in `summarize`: too brief to tell the first token from the rest, no decode speed
+        raise ValueError(f"the autoregressive runs at gamma {gamma} have no positive decode time (total minus the "
+                         "first token's, timed apart): they are too short to time; raise max_new_tokens")
     predicted = walltime.predicted_speedup_in_run(runs)
     apart = walltime.predicted_speedup_in_steps(alpha, gamma, ar_ms_per_token=ar_ms,
                                                 draft_ms_per_token=draft_ms_per_token, verify_steps=verify_steps,

@@ -251,6 +251,17 @@ def _quality(r03):
     return v.reason, v.label, "03-latency"
 
 
+def _pick(key: str, v: dict, note: str = "") -> str:
+    """One setting of an 06 draft-size verdict: the calibration's pick as measured, and against its runner-up the
+    paired ratio (folders from before that test: whether the two intervals overlapped)."""
+    text = f"{key.replace('_', ' ')}: {v['winner']} {_ci(v['winner_speedup'], v['winner_lo'], v['winner_hi'])}{note}"
+    if not v.get("runner_up"):
+        return text
+    vs = (f" ({v['winner']}/{v['runner_up']} {_ci(v['paired_ratio'], v['paired_lo'], v['paired_hi'])}, paired)"
+          if "paired_lo" in v else " (overlapping)" if v.get("intervals_overlap") else "")
+    return f"{text}, runner-up {v['runner_up']}{vs}"
+
+
 def _ladder(r06):
     """06's answer: per task and temperature, which lens draft wins, and whether it is reliably faster than the
     runner-up (the paired bootstrap interval of their ratio above 1; folders from before that test: the two
@@ -260,13 +271,7 @@ def _ladder(r06):
     parts = []
     for key, v in settings.items():
         row = lad[(lad.task + "_T" + lad.temperature.map("{:g}".format)) == key].set_index("draft")
-        won = _ci(v["winner_speedup"], v["winner_lo"], v["winner_hi"])
-        parts.append(f"{key.replace('_', ' ')}: {v['winner']} {won}"
-                     f" (alpha {'/'.join(f'{a:.2f}' for a in row.alpha)} across the ladder)"
-                     + (f", runner-up {v['runner_up']}" + (
-                         f" (winner/runner-up {_ci(v['paired_ratio'], v['paired_lo'], v['paired_hi'])}, paired)"
-                         if "paired_lo" in v else " (overlapping)" if v["intervals_overlap"] else "")
-                        if v["runner_up"] else ""))
+        parts.append(_pick(key, v, f" (alpha {'/'.join(f'{a:.2f}' for a in row.alpha)} across the ladder)"))
     names = sorted(set(lad.draft), key=lambda d: int(d.split("-")[1]))  # by size
     settings = {k: v | {"reliably_faster": _bound(v["paired_lo"]) > 1 if "paired_lo" in v
                         else not v["intervals_overlap"]} for k, v in settings.items()}
@@ -279,10 +284,7 @@ def _ladder(r06):
                  f"rows (median |error| {r06['metrics']['prediction_median_abs_error']:.1%})")
     family, fam_verdicts = r06["metrics"].get("feature_family"), r06["metrics"].get("feature_verdicts")
     if family and fam_verdicts:  # the same question asked of the feature draft at 1 and 2 layers (one recipe)
-        picks = "; ".join(
-            f"{key.replace('_', ' ')} {v['winner']} {_ci(v['winner_speedup'], v['winner_lo'], v['winner_hi'])}"
-            + (f" ({v['winner']}/{v['runner_up']} {_ci(v['paired_ratio'], v['paired_lo'], v['paired_hi'])}, "
-               "paired)" if "paired_lo" in v else "") for key, v in fam_verdicts.items())
+        picks = "; ".join(_pick(key, v) for key, v in fam_verdicts.items())
         ours += (f". The feature draft at {len(family)} sizes ({'/'.join(family)}), the same question: {picks}; "
                  f"{r06['metrics']['feature_draft_size']['label']}")
     return ours, str(verdicts.draft_size(settings, rises, names)), "06-draft-sweep"
