@@ -170,3 +170,37 @@ def test_threads_restores_the_thread_count():
     with S.threads(1):
         assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == before
+
+
+def _size_case(predicted_small: float, alpha_big: float):
+    """Two drafts of one family measured on 8 prompts at gamma 2: small decodes each prompt's 10 tokens in
+    1.0 s (+-2%), big in 1.25 s; the calibration predicted `predicted_small` for small, 1.2 for big."""
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    runs = [S.SweepRun(d, 2, p, 0.0, secs * (1 + rng.uniform(-0.02, 0.02)), 10, 0.0, 0, [], [], [])
+            for p in range(8) for d, secs in (("small", 1.0), ("big", 1.25), ("other", 0.8))]
+    rows = [dict(task="code", temperature=0.0, draft=d, gamma_pred=2, predicted_speedup=pred, speedup=sp,
+                 measured_at_gamma_pred=sp, measured_at_gamma_pred_lo=sp - 0.05, measured_at_gamma_pred_hi=sp + 0.05)
+            for d, pred, sp in (("small", predicted_small, 1.25), ("big", 1.2, 1.0), ("other", 1.5, 1.56))]
+    grid = pd.DataFrame([dict(task="code", temperature=0.0, draft=d, gamma=2, alpha=a)
+                         for d, a in (("small", 0.4), ("big", alpha_big), ("other", 0.6))])
+    return pd.DataFrame(rows), grid, {("code", 0.0): runs}
+
+
+def test_size_verdicts_answer_the_question_for_a_family_and_its_contrary():
+    table2, grid, runs = _size_case(predicted_small=1.3, alpha_big=0.5)
+    v = S.size_verdicts(table2, grid, runs, ["small", "big"], 2)["code_T0"]
+    assert (v["winner"], v["runner_up"], v["smallest_wins"], v["alpha_rises_with_size"]) == ("small", "big", True,
+                                                                                             True)
+    assert v["reliably_faster"] and v["paired_ratio"] == pytest.approx(1.25, rel=0.03)
+    assert v["alphas"] == [0.4, 0.5] and v["overall_best"] == "other"  # the fastest of all, outside the family
+    # the contrary: the calibration favours the larger draft, whose alpha is no higher: it is picked and loses
+    table2, grid, runs = _size_case(predicted_small=1.1, alpha_big=0.3)
+    v = S.size_verdicts(table2, grid, runs, ["small", "big"], 2)["code_T0"]
+    assert (v["winner"], v["smallest_wins"], v["alpha_rises_with_size"], v["reliably_faster"]) == ("big", False,
+                                                                                                  False, False)
+    with pytest.raises(ValueError, match="smallest first"):
+        S.size_verdicts(table2, grid, runs, [], 2)
+    with pytest.raises(ValueError, match=r"\['huge'\] not in the sweep's table at code_T0"):
+        S.size_verdicts(table2, grid, runs, ["small", "huge"], 2)

@@ -421,6 +421,34 @@ def setting_verdict(table2_rows, runs: list[SweepRun], ladder: list[str], alphas
         predicted={d: r.predicted_speedup for d, r in lad.iterrows()})
 
 
+def setting_key(task: str, temperature: float) -> str:
+    """How metrics name a setting of the sweep: "code_T0", "text_T1"."""
+    return f"{task}_T{temperature:g}"
+
+
+def size_verdicts(table2, grid, runs: dict, family: list[str], gamma: int, *, seed: int = 0) -> dict[str, dict]:
+    """The draft-size question for one family of drafts (`family`, smallest first), in every setting of the sweep:
+    `setting_verdict` on the family's `table2` rows, with the family's alphas at one gamma (`grid`'s, the sweep's
+    at `gamma`: not each draft at its own best gamma). `runs` maps (task, temperature) to that setting's runs.
+    Keyed by `setting_key`; each verdict also holds `alphas` (in `family`'s order) and `overall_best` (the fastest
+    draft of all measured in the setting, family or not). `verdicts.draft_size` turns them into one answer."""
+    if not family:
+        raise ValueError("a draft-size question needs the names of the family's drafts, smallest first")
+    out = {}
+    for (task, temperature), setting_runs in runs.items():
+        sub = table2[(table2.task == task) & (table2.temperature == temperature)]
+        missing = [d for d in family if d not in set(sub.draft)]
+        if missing:
+            raise ValueError(f"{missing} not in the sweep's table at {setting_key(task, temperature)}: a family's "
+                             "drafts must be among the drafts swept")
+        at_g = grid[(grid.task == task) & (grid.temperature == temperature) & (grid.gamma == gamma)]
+        alphas = [float(at_g.set_index("draft").alpha.get(d, float("nan"))) for d in family]
+        v = setting_verdict(sub.set_index("draft"), setting_runs, family, alphas, seed=seed)
+        out[setting_key(task, temperature)] = v | dict(alphas=alphas,
+                                                       overall_best=str(sub.loc[sub.speedup.idxmax(), "draft"]))
+    return out
+
+
 def verify_steps(verify_ms: list[float]) -> list[float]:
     """`walltime.verify_ms` in 1-token forwards: a forward of g+1 tokens over one of 1 token (the first entry 1)."""
     return [v / verify_ms[0] for v in verify_ms]
