@@ -13,6 +13,7 @@ import torch
 
 from specrepro import autoregressive_generate, speculative_generate
 from specrepro.distribution import PLANTED_BUGS, chisquare_gof, counts_of, exact_joint_distribution, sample_sequences
+from specrepro.kvcache import CachedModel
 from specrepro.sampling import SamplingConfig
 
 from conftest import draw
@@ -227,6 +228,30 @@ def test_distinct_rows_are_computed_once_and_sample_the_same_distribution(featur
         for p, samples in zip(prompts, got):
             exact = exact_joint_sparse(target, torch.tensor([p]), 3, cfg)
             assert not gof_sparse(samples, exact).rejects(FALSE_ALARM)
+
+
+@pytest.mark.parametrize("which", ["prompt-lookup", "tiny draft"])
+def test_distinct_rows_draw_what_every_row_computed_alone_draws(which):
+    """Row b's own generator makes the same draws whether its forwards are shared with identical rows or not: the
+    same tokens, drafts and acceptances row for row (float64: batch composition moves no decision). Rows of one
+    prompt branch and then share forwards again, so caches are copied to several rows and grow apart."""
+    from specrepro.distribution import DistinctRows
+    from specrepro.drafts import PromptLookupDraft
+    from specrepro.generate import decode, left_pad
+    from specrepro.tiny import tiny_draft, tiny_target
+
+    target = tiny_target(16, seed=3, dtype=torch.float64)
+    draft = PromptLookupDraft(16) if which == "prompt-lookup" else tiny_draft(16, seed=4, dtype=torch.float64)
+    ids, mask = left_pad([[1, 5, 2, 1, 5, 2, 1], [7, 3, 9, 7, 3]] * 12, 0)
+    got = []
+    for cached_model in (CachedModel, DistinctRows):
+        gens = [torch.Generator().manual_seed(100 + b) for b in range(ids.shape[0])]
+        got.append(decode(target, draft, ids, mask, gamma=2, max_new_tokens=8, cfg=SamplingConfig(1.0, top_k=4),
+                          generator=gens, pad_token_id=0, cached_model=cached_model, check_invariants=True))
+    plain, distinct = got
+    assert torch.equal(plain.sequences, distinct.sequences)
+    assert [(r.proposed, r.accepted) for r in plain.rows] == [(r.proposed, r.accepted) for r in distinct.rows]
+    assert len({tuple(s) for s in plain.sequences.tolist()}) > 4  # the rows did branch
 
 
 def test_a_planted_bug_in_the_shared_prompt_sampler_is_rejected():

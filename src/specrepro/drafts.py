@@ -267,7 +267,7 @@ class TokenCache:
             del row[len(row) + tokens_to_remove:]
 
     def batch_select_indices(self, index: torch.Tensor) -> None:
-        self.rows = [self.rows[i] for i in index.tolist()]
+        self.rows = [list(self.rows[i]) for i in index.tolist()]  # copies: a row selected twice grows apart
 
 
 @dataclass(frozen=True)
