@@ -133,15 +133,15 @@ def test_sweep_row_sets_the_measured_speedup_beside_the_models():
     assert row["tokens_model"] == pytest.approx(tokens)
     assert row["predicted"] == pytest.approx(tokens * 100 / 125)  # 2 * 15.625 + 62.5 + 31.25 ms per iteration
     assert row["predicted_apart"] == pytest.approx(tokens * 100 / 190)  # 2 * 20 + 1.5 * 100, no overhead
+    assert row["thm_3_8"] == pytest.approx(tokens / 1.4)  # c = 20 / 100
+    assert row["rel_error"] == pytest.approx(2.0 / (tokens * 100 / 125) - 1)
+    assert row["verify_steps_in_run"] == pytest.approx(0.625) and row["verify_steps_apart"] == 1.5
+    assert row["c"] == 0.2 and row["c_in_run"] == pytest.approx(0.15625)
     # our autoregressive runs too brief to time (transformers' made the baseline): no model is fed a negative step
     brief = [_run("autoregressive", 0, 0.1, 0.125, 11, ar), _run(bench.HF_AUTOREGRESSIVE, 0, 1.125, 0.125, 11, ar),
              runs[1]]
     with pytest.raises(ValueError, match="too short to time"):
         bench.sweep_row(brief, 2, draft_ms_per_token=20.0, verify_steps=[1.0, 1.2, 1.5])
-    assert row["thm_3_8"] == pytest.approx(tokens / 1.4)  # c = 20 / 100
-    assert row["rel_error"] == pytest.approx(2.0 / (tokens * 100 / 125) - 1)
-    assert row["verify_steps_in_run"] == pytest.approx(0.625) and row["verify_steps_apart"] == 1.5
-    assert row["c"] == 0.2 and row["c_in_run"] == pytest.approx(0.15625)
 
 
 def test_fastest_takes_each_method_at_its_fastest_kernel():

@@ -230,28 +230,58 @@ def test_distinct_rows_are_computed_once_and_sample_the_same_distribution(featur
             assert not gof_sparse(samples, exact).rejects(FALSE_ALARM)
 
 
-@pytest.mark.parametrize("which", ["prompt-lookup", "tiny draft"])
+@pytest.mark.parametrize("which", ["prompt-lookup", "tiny draft", "feature draft"])
 def test_distinct_rows_draw_what_every_row_computed_alone_draws(which):
     """Row b's own generator makes the same draws whether its forwards are shared with identical rows or not: the
     same tokens, drafts and acceptances row for row (float64: batch composition moves no decision). Rows of one
-    prompt branch and then share forwards again, so caches are copied to several rows and grow apart."""
+    prompt branch and then share forwards again, so caches are copied to several rows and grow apart; some rows
+    end at an EOS (the feature draft's before it was ever fed); the feature draft drafts 3 tokens, two of them fed
+    with its own output, which a row that accepted them must not lend to a row that holds the same tokens from the
+    target."""
     from specrepro.distribution import DistinctRows
     from specrepro.drafts import PromptLookupDraft
     from specrepro.generate import decode, left_pad
-    from specrepro.tiny import tiny_draft, tiny_target
+    from specrepro.tiny import tiny_draft, tiny_feature_draft, tiny_target
 
     target = tiny_target(16, seed=3, dtype=torch.float64)
-    draft = PromptLookupDraft(16) if which == "prompt-lookup" else tiny_draft(16, seed=4, dtype=torch.float64)
-    ids, mask = left_pad([[1, 5, 2, 1, 5, 2, 1], [7, 3, 9, 7, 3]] * 12, 0)
+    draft = {"prompt-lookup": lambda: PromptLookupDraft(16),
+             "tiny draft": lambda: tiny_draft(16, seed=4, dtype=torch.float64),
+             "feature draft": lambda: tiny_feature_draft(target)}[which]()
+    ids, mask = left_pad([[1, 5, 2, 1, 5, 2, 1], [7, 3, 9, 7, 3]] * 16, 0)
     got = []
     for cached_model in (CachedModel, DistinctRows):
         gens = [torch.Generator().manual_seed(100 + b) for b in range(ids.shape[0])]
-        got.append(decode(target, draft, ids, mask, gamma=2, max_new_tokens=8, cfg=SamplingConfig(1.0, top_k=4),
-                          generator=gens, pad_token_id=0, cached_model=cached_model, check_invariants=True))
+        got.append(decode(target, draft, ids, mask, gamma=3, max_new_tokens=10, cfg=SamplingConfig(1.0, top_k=4),
+                          generator=gens, pad_token_id=0, cached_model=cached_model, check_invariants=True,
+                          eos={12}))
     plain, distinct = got
     assert torch.equal(plain.sequences, distinct.sequences)
     assert [(r.proposed, r.accepted) for r in plain.rows] == [(r.proposed, r.accepted) for r in distinct.rows]
-    assert len({tuple(s) for s in plain.sequences.tolist()}) > 4  # the rows did branch
+    assert len({tuple(s) for s in plain.sequences.tolist()}) > 8  # the rows did branch
+    ended = [r.new_tokens for r in plain.rows]
+    assert min(ended) == 1 and max(ended) == 10  # an EOS ended some rows in the first iteration, not all
+
+
+def test_distinct_rows_keep_apart_a_token_fed_with_the_targets_states_and_one_fed_without():
+    """A feature draft's state for a token depends on how it went in: with the target's states (a catch-up) or with
+    the draft's own output (a drafted token). Two rows holding the same tokens fed differently are two rows."""
+    from specrepro.distribution import DistinctRows
+    from specrepro.tiny import tiny_feature_draft, tiny_target
+
+    target = tiny_target(16, seed=3, dtype=torch.float64)
+    draft = tiny_feature_draft(target)
+    width = len(draft.target_features) * target.config.hidden_size
+    feats = torch.randn(6, width, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    rows = DistinctRows(draft, "draft", [], rows=2)
+    rows.feed([[1, 5, 2], [1, 5, 2]], 1, features=[feats[:3], feats[:3]])
+    assert rows.distinct_rows == 1
+    rows.feed([[7], []], 1)  # row 0 drafts 7 with its own output
+    rows.feed([[], [7]], 1, features=[None, feats[3:4]])  # row 1 holds 7 from the target, with its states
+    assert rows.fed == [4, 4] and rows.distinct_rows == 2
+    rows.keep([3, 4])  # row 0's draft rolled back: the rows differ in length now
+    rows.feed([[7], []], 1, features=[feats[3:4], None])  # row 0 catches up on 7 as row 1 did: one row again
+    assert rows.distinct_rows == 1
+    rows.check([4, 4])
 
 
 def test_a_planted_bug_in_the_shared_prompt_sampler_is_rejected():

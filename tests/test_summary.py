@@ -65,7 +65,12 @@ def test_the_distribution_row_fails_when_the_real_pair_rejects(tmp_path):
         batch_rows=8, draft="feature-1-s8", n_samples=2000, tests=3, min_p_value=0.2))
     (folder / "metrics.json").write_text(json.dumps(metrics | {"real_pair": real}))
     row = summary.summary_table(summary.results(tmp_path)).set_index("claim").loc["distribution"]
-    assert "power 0.93-1.00 against an error of 0.05" in row.ours and "at batch 8 (feature-1-s8, 2,000" in row.ours
+    assert "power 0.93-1.00 against 0.05 (the most a bug in 5% of rows" in row.ours
+    assert "at batch 8 (feature-1-s8, 2,000" in row.ours and row.verdict == "reproduces"
+    real["small_batch"]["min_p_value"] = 1e-5  # the batch-8 run rejects: so does the row
+    (folder / "metrics.json").write_text(json.dumps(metrics | {"real_pair": real}))
+    row = summary.summary_table(summary.results(tmp_path)).set_index("claim").loc["distribution"]
+    assert row.verdict == "does not reproduce: a test on the real pair rejected"
 
 
 def test_draft_size_reads_the_ladder_sweep_when_it_ran(tmp_path):

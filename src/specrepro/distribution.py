@@ -99,21 +99,24 @@ def gof_sparse(samples: np.ndarray, exact: dict[tuple[int, ...], float], min_exp
 class DistinctRows:
     """Cache bookkeeping for a sampling study (`sample_ragged`): each forward computes every *distinct* row once.
 
-    A row's logits and states are a function of the tokens it holds, so rows that hold the same tokens need one
-    computation between them. In a sampling study they are most rows: thousands of rows share a handful of prompts,
-    a prompt-lookup draft proposes the same tokens to all of them, and the first few sampled tokens branch into a
-    few hundred continuations at most. An inner `CachedModel` holds one row per distinct sequence; this class maps
-    the loop's rows onto it, and presents the interface the loop (`generate.decode`) uses: `feed`, `keep`,
-    `select`, `check`, `fed`, `hidden_layers`, `features`. Every forward runs on the inner rows as generation runs
-    them (left-padded, ragged, with holes), so the batch bookkeeping is the one tested, on fewer rows. The loop's
-    own steps (propose, accept, rollback) run for every row with its own random numbers, unchanged.
+    A row's logits and states are a function of what it holds, so rows that hold the same need one computation
+    between them. What a row holds is its tokens, each marked with how it went in: a draft that reads the target's
+    states (`specrepro.protocol`) keeps a different state for a token fed with them than for one fed with its own
+    output (its drafted tokens), so the two are different rows here. In a sampling study rows that hold the same are
+    most rows: thousands of rows share a handful of prompts, a prompt-lookup draft proposes the same tokens to all
+    of them, and the first few sampled tokens branch into a few hundred continuations at most. An inner
+    `CachedModel` holds one row per distinct sequence; this class maps the loop's rows onto it, and presents the
+    interface the loop (`generate.decode`) uses: `feed`, `keep`, `select`, `check`, `fed`, `hidden_layers`,
+    `features`. Every forward runs on the inner rows as generation runs them (left-padded, ragged, with holes), so
+    the batch bookkeeping is the one tested, on fewer rows. The loop's own steps (propose, accept, rollback) run for
+    every row with its own random numbers, unchanged.
 
-    Used for the target and the draft alike. What it does not preserve is the composition of a batch, which can
-    move logits in their last bits (04 measures that): a study of batch numerics uses `CachedModel`."""
+    Used for the target and the draft alike. What it does not preserve is the composition of a batch, which can move
+    logits in their last bits (04 measures that): a study of batch numerics uses `CachedModel`."""
 
     def __init__(self, model, who: str, log: list[tuple[int, int]], rows: int = 1):
         self.model, self.who, self.log = model, who, log
-        self.held: list[tuple[int, ...]] = [()] * rows  # the tokens each of the loop's rows holds
+        self.held: list[tuple] = [()] * rows  # per row of the loop: (token, fed with the target's states) pairs
         self.row: list[int] = [0] * rows  # each row's inner row
         self.inner: CachedModel | None = None  # one row per distinct sequence in `held`, none before the first feed
         self.hidden_layers: tuple[int, ...] = ()
@@ -125,14 +128,17 @@ class DistinctRows:
 
     @property
     def distinct_rows(self) -> int:
-        """Rows the last forward computed."""
+        """Rows of the inner cache now: one per distinct row held."""
         return len(self.inner.fed) if self.inner is not None else 0
 
     def _regroup(self, held: list[tuple[int, ...]], rows: list[int]) -> None:
         """Make the loop's rows hold `held` (each a prefix of what row rows[b] holds, row b of `held`): the inner
         rows become its distinct sequences in order of first appearance, each copied from an inner row that holds
         it or more, then cut to it."""
-        first: dict[tuple[int, ...], int] = {}
+        if self.inner is None:  # nothing fed yet (a draft waiting for the target's states): nothing to copy
+            self.held, self.row = held, [0] * len(held)
+            return
+        first: dict[tuple, int] = {}
         for b, h in zip(rows, held):
             first.setdefault(h, b)
         source = [self.row[b] for b in first.values()]
@@ -146,8 +152,9 @@ class DistinctRows:
     def feed(self, new, n_logits, pad_mask=None, features=None):
         if pad_mask is not None:
             raise ValueError("DistinctRows feeds rows of real tokens (the loop's blocks); a pad_mask is not taken")
-        grown = [h + tuple(t) for h, t in zip(self.held, new)]
-        longest: dict[tuple[int, ...], int] = {}  # per distinct sequence, the row that feeds the most of it
+        how = features is not None
+        grown = [h + tuple((t, how) for t in block) for h, block in zip(self.held, new)]
+        longest: dict[tuple, int] = {}  # per distinct sequence, the row that feeds the most of it
         for b, g in enumerate(grown):
             if g not in longest or len(new[b]) > len(new[longest[g]]):
                 longest[g] = b
@@ -179,8 +186,8 @@ class DistinctRows:
         self._regroup([self.held[r] for r in rows], rows)
 
     def check(self, lengths: list[int]) -> None:
-        """The loop's invariants (`CachedModel.check`) on the rows, and the inner rows' own: one per distinct
-        sequence, each holding exactly its tokens."""
+        """The loop's invariants (`CachedModel.check`) on the rows, and the inner rows': one per distinct row held,
+        each as long as what it stands for."""
         if self.fed != list(lengths):
             raise AssertionError(f"{self.who} rows hold {self.fed} tokens, expected {list(lengths)}")
         distinct = list(dict.fromkeys(self.held))
@@ -384,8 +391,12 @@ def shifted_toward_top(exact: np.ndarray | dict, tv: float) -> tuple[np.ndarray,
     probs = np.fromiter(exact.values(), dtype=np.float64) if isinstance(exact, dict) else np.ravel(exact)
     probs = probs / probs.sum()
     top = int(probs.argmax())
-    out = probs * (1 - tv / (1 - probs[top]))
-    out[top] = probs[top] + tv
+    if tv > 1 - probs[top]:
+        raise ValueError(f"cannot move {tv} onto the top continuation: the others hold {1 - probs[top]:.3g}")
+    out = probs.copy()
+    if tv > 0:
+        out *= 1 - tv / (1 - probs[top])
+        out[top] = probs[top] + tv
     return probs, out
 
 
@@ -394,9 +405,10 @@ def power_against_tv(exact: np.ndarray | dict, tv: float, n_samples: int, *, fal
     """Power of `chisquare_gof` at `n_samples` samples against a sampler `tv` away from `exact`
     (`shifted_toward_top`), by simulation (`rejection_rate`). NaN where the other continuations hold less than
     `tv` of the mass (no such sampler exists)."""
-    probs, shifted = shifted_toward_top(exact, tv)
+    probs, _ = shifted_toward_top(exact, 0.0)
     if tv > 1 - probs.max():
         return float("nan")
+    _, shifted = shifted_toward_top(probs, tv)
     return rejection_rate(shifted, probs, n_samples=n_samples, false_alarm=false_alarm, reps=reps, seed=seed)
 
 

@@ -67,16 +67,18 @@ def _distribution(r):
     ok = m["min_p_value"] >= m["false_alarm"]
     real = m.get("real_pair")
     if real:  # section 3: the real pair against its exact probabilities
-        real_ok = real["min_p_value"] >= m["false_alarm"] and real["outside_support"] == 0
+        small = real.get("small_batch") or {}  # 01's run at a small batch size, beside the large batches'
+        real_ok = (min(real["min_p_value"], small.get("min_p_value", 1.0)) >= m["false_alarm"]
+                   and real["outside_support"] == 0)
         ours += (f"; the real pair ({', '.join(real['drafts'])}; first {real['n_tokens']} tokens of "
                  f"{len(real['prompts'])} prompts in ragged batches, {real['n_samples']:,} samples each): smallest "
                  f"p-value {real['min_p_value']:.2f} over {real['tests']} tests, detectable error (80% power) "
                  f"{real['detectable_tv'][0]:.2f}-{real['detectable_tv'][1]:.2f} in total variation"
-                 + (f", power {real['power_at_zhang_tv'][0]:.2f}-{real['power_at_zhang_tv'][1]:.2f} against an error "
-                    f"of {real['zhang_tv']} (Zhang et al.'s ~5% of rows)" if "power_at_zhang_tv" in real else "")
+                 + (f", power {real['power_at_zhang_tv'][0]:.2f}-{real['power_at_zhang_tv'][1]:.2f} against "
+                    f"{real['zhang_tv']} (the most a bug in {real['zhang_tv']:.0%} of rows could move)"
+                    if "power_at_zhang_tv" in real else "")
                  + (f"; at batch {small['batch_rows']} ({small['draft']}, {small['n_samples']:,} samples): smallest "
-                    f"p-value {small['min_p_value']:.2f} over {small['tests']} tests"
-                    if (small := real.get("small_batch")) else "")
+                    f"p-value {small['min_p_value']:.2f} over {small['tests']} tests" if small else "")
                  + f"; its planted bug rejected in {real['bug_rejected']} of {real['bug_tests']} prompts")
         ok = ok and real_ok
     verdict = "reproduces" if ok else ("does not reproduce: a test rejected" if m["min_p_value"] < m["false_alarm"]
