@@ -347,3 +347,18 @@ def test_power_against_a_fixed_error_grows_with_the_sample_and_the_error():
     tv = detectable_tv(exact, 2000, false_alarm=FALSE_ALARM, reps=300)
     assert power_against_tv(exact, tv, 2000, false_alarm=FALSE_ALARM, reps=300) >= 0.8
     assert np.isnan(power_against_tv(exact, 0.7, 2000, false_alarm=FALSE_ALARM))  # more than the others hold
+
+
+@pytest.mark.slow
+def test_the_resample_command_tests_a_real_cell_again(capsys):
+    from specrepro import models
+    from specrepro.distribution import main
+
+    try:
+        models.gguf_path()
+    except models.ModelFilesMissing as err:
+        pytest.skip(str(err))
+    assert main(["--prompt", "1", "--top-k", "4", "--samples", "300", "--batch-rows", "100", "--seeds", "5", "6"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split(": p = ")[0].endswith(f"seed {s}") for ln, s in zip(lines, (5, 6))] == [True, True]
+    assert all("0 outside the support" in ln for ln in lines)

@@ -465,3 +465,45 @@ def replicated_power(samples: np.ndarray, exact: np.ndarray, vocab_size: int, *,
     rejected = sum(chisquare_gof(counts_of(samples[i * n_samples:(i + 1) * n_samples], vocab_size), exact)
                    .rejects(false_alarm) for i in range(reps))
     return Power(n_samples, reps, int(rejected))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m specrepro.distribution`: draw one of 01's real-pair cells again with fresh seeds (the first
+    `n_tokens` tokens of one shipped prompt, SmolLM2 and a shipped draft) and test each draw against the exact
+    probabilities: how a cell that rejected once is confirmed or found a false alarm."""
+    import argparse
+
+    from . import data, models
+
+    ap = argparse.ArgumentParser(prog="python -m specrepro.distribution", description=main.__doc__)
+    ap.add_argument("--draft", default="prompt-lookup")
+    ap.add_argument("--task", choices=("code", "text"), default="text")
+    ap.add_argument("--prompt", type=int, default=0, help="index in the task's shipped prompt set")
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--top-k", type=int)
+    ap.add_argument("--top-p", type=float)
+    ap.add_argument("--gamma", type=int, default=2)
+    ap.add_argument("--n-tokens", type=int, default=3)
+    ap.add_argument("--samples", type=int, default=20000)
+    ap.add_argument("--batch-rows", type=int, default=1000)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    args = ap.parse_args(argv)
+    target, tok = models.load_target(), models.load_tokenizer()
+    draft = models.load_draft(args.draft, target=target)
+    ids = data.encode_prompt(tok, args.task, data.load_prompts(args.task)[args.prompt])[0].tolist()
+    cfg = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    exact = exact_joint_sparse(target, torch.tensor([ids]), args.n_tokens, cfg)
+    for seed in args.seeds:
+        [samples], _ = sample_ragged(target, draft, [ids], method="speculative", n_tokens=args.n_tokens,
+                                     n_samples=args.samples, cfg=cfg, gamma=args.gamma,
+                                     generator=torch.Generator().manual_seed(seed), batch_rows=args.batch_rows,
+                                     pad_token_id=tok.pad_token_id or 0)
+        g = gof_sparse(samples, exact)
+        print(f"{args.draft}, {args.task} {args.prompt}, {cfg}, seed {seed}: p = {g.p_value:.4f}, total variation "
+              f"{g.total_variation:.4f}, {g.dof} degrees of freedom, {g.impossible} outside the support "
+              f"({args.samples:,} samples, {len(exact):,} continuations)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
