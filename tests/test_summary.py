@@ -67,6 +67,9 @@ def test_the_distribution_row_fails_when_the_real_pair_rejects(tmp_path):
     row = summary.summary_table(summary.results(tmp_path)).set_index("claim").loc["distribution"]
     assert "power 0.93-1.00 against 0.05 (the most a bug in 5% of rows" in row.ours
     assert "at batch 8 (feature-1-s8, 2,000" in row.ours and row.verdict == "reproduces"
+    (folder / "metrics.json").write_text(json.dumps(metrics | {"real_pair": real | {"min_p_value": 0.00095}}))
+    row = summary.summary_table(summary.results(tmp_path)).set_index("claim").loc["distribution"]
+    assert "smallest p-value 0.00095 over 6 tests" in row.ours  # beside a level of 0.001, never "0.00"
     real["small_batch"]["min_p_value"] = 1e-5  # the batch-8 run rejects: so does the row
     (folder / "metrics.json").write_text(json.dumps(metrics | {"real_pair": real}))
     row = summary.summary_table(summary.results(tmp_path)).set_index("claim").loc["distribution"]

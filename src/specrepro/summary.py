@@ -55,13 +55,18 @@ def _bound(v) -> float:
 _ci = verdicts.fmt_ci
 
 
+def _p(p: float) -> str:
+    """A p-value as read beside a level of 0.001: two decimals, two significant digits below 0.01."""
+    return f"{p:.2f}" if p >= 0.01 else f"{p:.2g}"
+
+
 def _distribution(r):
     m = r["metrics"]
     tests = len(m["p_values"])
     w = m["weakest_power"]
     lo, hi = w.get("interval", (None, None))
     at = f" at {w['n_samples']:,} samples" if "n_samples" in w else ""
-    ours = (f"smallest p-value {m['min_p_value']:.2f} over {tests} chi-squared tests of whole generations "
+    ours = (f"smallest p-value {_p(m['min_p_value'])} over {tests} chi-squared tests of whole generations "
             f"({m['n_samples']:,} samples each, level {m['false_alarm']}); the weakest planted-bug cell rejected "
             f"with power {_ci(w['power'], lo, hi, unit='')}{at}")
     ok = m["min_p_value"] >= m["false_alarm"]
@@ -72,13 +77,13 @@ def _distribution(r):
                    and real["outside_support"] == 0)
         ours += (f"; the real pair ({', '.join(real['drafts'])}; first {real['n_tokens']} tokens of "
                  f"{len(real['prompts'])} prompts in ragged batches, {real['n_samples']:,} samples each): smallest "
-                 f"p-value {real['min_p_value']:.2f} over {real['tests']} tests, detectable error (80% power) "
+                 f"p-value {_p(real['min_p_value'])} over {real['tests']} tests, detectable error (80% power) "
                  f"{real['detectable_tv'][0]:.2f}-{real['detectable_tv'][1]:.2f} in total variation"
                  + (f", power {real['power_at_zhang_tv'][0]:.2f}-{real['power_at_zhang_tv'][1]:.2f} against "
                     f"{real['zhang_tv']} (the most a bug in {real['zhang_tv']:.0%} of rows could move)"
                     if "power_at_zhang_tv" in real else "")
                  + (f"; at batch {small['batch_rows']} ({small['draft']}, {small['n_samples']:,} samples): smallest "
-                    f"p-value {small['min_p_value']:.2f} over {small['tests']} tests" if small else "")
+                    f"p-value {_p(small['min_p_value'])} over {small['tests']} tests" if small else "")
                  + f"; its planted bug rejected in {real['bug_rejected']} of {real['bug_tests']} prompts")
         ok = ok and real_ok
     verdict = "reproduces" if ok else ("does not reproduce: a test rejected" if m["min_p_value"] < m["false_alarm"]
