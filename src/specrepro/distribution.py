@@ -131,7 +131,12 @@ class DistinctRows:
         """Rows of the inner cache now: one per distinct row held."""
         return len(self.inner.fed) if self.inner is not None else 0
 
-    def _regroup(self, held: list[tuple[int, ...]], rows: list[int]) -> None:
+    def _copy_rows(self, source: list[int]) -> None:
+        """Inner row u becomes a copy of inner row source[u] (nothing moves when that is every row in place)."""
+        if source != list(range(len(self.inner.fed))):
+            self.inner.select(source)
+
+    def _regroup(self, held: list[tuple], rows: list[int]) -> None:
         """Make the loop's rows hold `held` (each a prefix of what row rows[b] holds, row b of `held`): the inner
         rows become its distinct sequences in order of first appearance, each copied from an inner row that holds
         it or more, then cut to it."""
@@ -141,9 +146,7 @@ class DistinctRows:
         first: dict[tuple, int] = {}
         for b, h in zip(rows, held):
             first.setdefault(h, b)
-        source = [self.row[b] for b in first.values()]
-        if source != list(range(len(self.inner.fed))):
-            self.inner.select(source)
+        self._copy_rows([self.row[b] for b in first.values()])
         self.inner.keep([len(h) for h in first])
         where = {h: u for u, h in enumerate(first)}
         self.held, self.row = held, [where[h] for h in held]
@@ -163,9 +166,7 @@ class DistinctRows:
             self.inner = CachedModel(self.model, self.who, self.log, rows=len(feeders))
             self.inner.hidden_layers = self.hidden_layers
         else:  # each feeder's inner row holds its sequence before this block: copy those rows, then feed
-            source = [self.row[b] for b in feeders]
-            if source != list(range(len(self.inner.fed))):
-                self.inner.select(source)
+            self._copy_rows([self.row[b] for b in feeders])
         logits = self.inner.feed([list(new[b]) for b in feeders], n_logits,
                                  features=[features[b] for b in feeders] if features is not None else None)
         where = {grown[b]: u for u, b in enumerate(feeders)}
@@ -384,12 +385,17 @@ def rejection_rate(sampler_probs: np.ndarray, exact: np.ndarray, *, n_samples: i
     return float(np.mean([chisquare_gof(c, exact).rejects(false_alarm) for c in counts]))
 
 
+def _probabilities(exact: np.ndarray | dict) -> np.ndarray:
+    """Cell probabilities as one normalised array: an array as given, or `exact_joint_sparse`'s dict's values."""
+    probs = np.fromiter(exact.values(), dtype=np.float64) if isinstance(exact, dict) else np.ravel(exact)
+    return probs / probs.sum()
+
+
 def shifted_toward_top(exact: np.ndarray | dict, tv: float) -> tuple[np.ndarray, np.ndarray]:
     """The alternative `detectable_tv` and `power_against_tv` test against: `tv` of probability moved onto the most
     likely continuation from the others in proportion, the way a sampler that leans toward the draft's or the
     target's argmax errs. Returns (exact, shifted), both normalised arrays over the same cells."""
-    probs = np.fromiter(exact.values(), dtype=np.float64) if isinstance(exact, dict) else np.ravel(exact)
-    probs = probs / probs.sum()
+    probs = _probabilities(exact)
     top = int(probs.argmax())
     if tv > 1 - probs[top]:
         raise ValueError(f"cannot move {tv} onto the top continuation: the others hold {1 - probs[top]:.3g}")
@@ -405,7 +411,7 @@ def power_against_tv(exact: np.ndarray | dict, tv: float, n_samples: int, *, fal
     """Power of `chisquare_gof` at `n_samples` samples against a sampler `tv` away from `exact`
     (`shifted_toward_top`), by simulation (`rejection_rate`). NaN where the other continuations hold less than
     `tv` of the mass (no such sampler exists)."""
-    probs, _ = shifted_toward_top(exact, 0.0)
+    probs = _probabilities(exact)
     if tv > 1 - probs.max():
         return float("nan")
     _, shifted = shifted_toward_top(probs, tv)
@@ -418,7 +424,7 @@ def detectable_tv(exact: np.ndarray | dict, n_samples: int, *, false_alarm: floa
     simulation (`power_against_tv`, bisection to about 0.002) against `shifted_toward_top`'s alternative.
     `exact`: probabilities over the cells, or `exact_joint_sparse`'s dict. NaN if even moving all the other mass
     is not detected."""
-    probs, _ = shifted_toward_top(exact, 0.0)
+    probs = _probabilities(exact)
 
     def power(tv: float) -> float:
         return power_against_tv(probs, tv, n_samples, false_alarm=false_alarm, reps=reps, seed=seed)
