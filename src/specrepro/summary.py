@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from . import audit, models, numerics, paths, verdicts
+from .sweep import setting_key
 
 
 def claims() -> dict:
@@ -277,7 +278,7 @@ def _ladder(r06):
     lad = t[t.draft.str.startswith("lens-")]
     parts = []
     for key, v in settings.items():
-        row = lad[(lad.task + "_T" + lad.temperature.map("{:g}".format)) == key].set_index("draft")
+        row = lad[[setting_key(t, T) == key for t, T in zip(lad.task, lad.temperature)]].set_index("draft")
         parts.append(_pick(key, v, f" (alpha {'/'.join(f'{a:.2f}' for a in row.alpha)} across the ladder)"))
     names = sorted(set(lad.draft), key=lambda d: int(d.split("-")[1]))  # by size
     settings = {k: v | {"reliably_faster": _bound(v["paired_lo"]) > 1 if "paired_lo" in v
