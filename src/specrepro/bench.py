@@ -288,6 +288,12 @@ def _pooled_decode(runs: list[Run]) -> float:
     return sum(r.decode_seconds for r in runs) / sum(r.decode_tokens for r in runs)
 
 
+def _too_short_to_time(who: str) -> ValueError:
+    """The error for runs whose decode time (total minus the first token's, timed apart) is not positive."""
+    return ValueError(f"{who} no positive decode time (total minus the first token's, timed apart): too short to "
+                      "time; raise max_new_tokens")
+
+
 def summarize(runs: list[Run]) -> dict[str, dict]:
     """Per method: time per output token pooled over the runs (total seconds / total tokens; `decode_` after the
     first token, whose time is the TTFT, reported apart as a median), the (min, max) time per token over runs, and
@@ -323,8 +329,7 @@ def summarize(runs: list[Run]) -> dict[str, dict]:
     # on a loaded machine, where a handful of tokens take a few milliseconds)
     bases = [m for m in AUTOREGRESSIVE if m in out and out[m]["decode_ms_per_token"] > 0]
     if any(m in out for m in AUTOREGRESSIVE) and not bases:
-        raise ValueError("no autoregressive run has a positive decode time (total minus the first token's, timed "
-                         "apart): the runs are too short to time; raise max_new_tokens")
+        raise _too_short_to_time("no autoregressive run has")
     if bases:
         baseline = min(bases, key=lambda m: out[m]["decode_ms_per_token"])
         base = out[baseline]["decode_ms_per_token"]
@@ -376,8 +381,7 @@ def sweep_row(runs: list[Run], gamma: int, *, draft_ms_per_token: float, verify_
     alpha, lengths = pooled_alpha(spec), walltime.proposal_lengths(runs)
     ar_ms, measured = s["autoregressive"]["decode_ms_per_token"], s["speculative"]["speedup"]
     if ar_ms <= 0:  # as in `summarize`: too brief to tell the first token from the rest, no decode speed
-        raise ValueError(f"the autoregressive runs at gamma {gamma} have no positive decode time (total minus the "
-                         "first token's, timed apart): they are too short to time; raise max_new_tokens")
+        raise _too_short_to_time(f"the autoregressive runs at gamma {gamma} have")
     predicted = walltime.predicted_speedup_in_run(runs)
     apart = walltime.predicted_speedup_in_steps(alpha, gamma, ar_ms_per_token=ar_ms,
                                                 draft_ms_per_token=draft_ms_per_token, verify_steps=verify_steps,
