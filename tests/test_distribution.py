@@ -362,3 +362,16 @@ def test_the_resample_command_tests_a_real_cell_again(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [ln.split(": p = ")[0].endswith(f"seed {s}") for ln, s in zip(lines, (5, 6))] == [True, True]
     assert all("0 outside the support" in ln for ln in lines)
+
+
+def test_a_rejection_counts_only_when_its_redraw_rejects_too():
+    from specrepro.distribution import confirm_rejection
+
+    assert confirm_rejection(0.5, [], 0.001) == "pass"
+    assert confirm_rejection(0.0009, [0.3], 0.001) == "not confirmed"  # 01's one rejection and a redraw that passes
+    assert confirm_rejection(0.0009, [0.0002], 0.001) == "rejected"  # the contrary data: the redraw rejects too
+    assert confirm_rejection(1e-9, [1e-9, 0.2], 0.001) == "not confirmed"  # every redraw must reject
+    with pytest.raises(ValueError, match="draw the cell again"):
+        confirm_rejection(1e-5, [], 0.001)
+    with pytest.raises(ValueError, match="lie in"):
+        confirm_rejection(float("nan"), [], 0.001)

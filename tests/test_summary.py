@@ -76,6 +76,35 @@ def test_the_distribution_row_fails_when_the_real_pair_rejects(tmp_path):
     assert row.verdict == "does not reproduce: a test on the real pair rejected"
 
 
+def test_the_distribution_row_counts_a_rejection_only_when_its_redraw_confirms_it(tmp_path):
+    folder = tmp_path / "01-distribution"
+    folder.mkdir()
+    small = dict(batch_rows=8, draft="feature-1-s8", n_samples=2000, tests=3, min_p_value=0.2, rejected_first=0,
+                 confirmed=0)
+    real = dict(drafts=["prompt-lookup"], n_tokens=3, prompts=["a", "b", "c"], n_samples=3000, tests=6,
+                min_p_value=0.00095, outside_support=0, detectable_tv=[0.03, 0.05], bug_rejected=3, bug_tests=3,
+                confirm_draws=1, rejected_first=1, confirmed=0, redrawn={"prompt-lookup T0.8 a": [0.00095, 0.24]},
+                small_batch=small)
+    metrics = {"p_values": {"a": 0.5}, "min_p_value": 0.5, "n_samples": 100, "false_alarm": 0.001,
+               "weakest_power": {"power": 0.95}, "confirm_draws": 1, "rejected_first": 0, "confirmed": 0}
+
+    def row(m):
+        (folder / "metrics.json").write_text(json.dumps(m))
+        return summary.summary_table(summary.results(tmp_path)).set_index("claim").loc["distribution"]
+
+    got = row(metrics | {"real_pair": real})  # 01's rejection at f59ffa8, cleared by its redraw
+    assert got.verdict == "reproduces"
+    assert "1 rejected and were drawn again with fresh seeds: p = 0.00095, 0.24; 0 confirmed" in got.ours
+    contrary = real | {"confirmed": 1, "redrawn": {"prompt-lookup T0.8 a": [0.00095, 0.0002]}}
+    assert row(metrics | {"real_pair": contrary}).verdict == ("does not reproduce: a test on the real pair "
+                                                              "rejected, confirmed on a fresh draw")
+    assert row(metrics | {"real_pair": real | {"small_batch": small | {"confirmed": 1}}}).verdict.startswith(
+        "does not reproduce")  # the batch-8 run's confirmed rejection counts too
+    tiny = metrics | {"min_p_value": 0.0004, "rejected_first": 1, "real_pair": real}
+    assert row(tiny).verdict == "reproduces"  # a tiny-model rejection its redraw cleared
+    assert row(tiny | {"confirmed": 1}).verdict == "does not reproduce: a test rejected, confirmed on a fresh draw"
+
+
 def test_draft_size_reads_the_ladder_sweep_when_it_ran(tmp_path):
     import pandas as pd
 

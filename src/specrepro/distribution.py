@@ -293,6 +293,26 @@ def chisquare_gof(counts: np.ndarray, probs: np.ndarray | torch.Tensor, min_expe
     return GofResult(float(stat), len(obs) - 1, float(p), int(n), 0, float(tv))
 
 
+def confirm_rejection(p_value: float, redraws: list[float] | tuple[float, ...], false_alarm: float) -> str:
+    """The outcome of one test under a confirmation rule stated before the data: "pass" where the test does not
+    reject at `false_alarm`; where it rejects, the same cell is drawn again with fresh seeds and `redraws` holds
+    those tests' p-values: "rejected" if every one rejects too, "not confirmed" if any passes (for a correct
+    sampler: a false alarm).
+
+    A correct sampler ends "rejected" with probability false_alarm ** (1 + len(redraws)); a sampler that one test
+    detects with power `pi` ends "rejected" with probability pi ** (1 + len(redraws)) (the draws are independent),
+    so the rule's power is the single test's raised to that power (`detectable_tv(target_power=...)` with
+    0.8 ** (1 / (1 + len(redraws))) gives the error the rule detects with 80% power)."""
+    if not 0 <= p_value <= 1 or not all(0 <= r <= 1 for r in redraws):
+        raise ValueError(f"p-values lie in [0, 1]: got {p_value} and redraws {list(redraws)}")
+    if p_value >= false_alarm:
+        return "pass"
+    if not redraws:
+        raise ValueError(f"the test rejected (p = {p_value:.3g} < {false_alarm}): draw the cell again with fresh "
+                         "seeds and pass those p-values as redraws, as the rule requires")
+    return "rejected" if all(r < false_alarm for r in redraws) else "not confirmed"
+
+
 def all_sequences(vocab_size: int, n_tokens: int) -> list[tuple[int, ...]]:
     """Every n-token tuple, in the row-major order of `exact_joint_distribution(...).ravel()`."""
     return list(itertools.product(range(vocab_size), repeat=n_tokens))

@@ -70,15 +70,23 @@ def _distribution(r):
     ours = (f"smallest p-value {_p(m['min_p_value'])} over {tests} chi-squared tests of whole generations "
             f"({m['n_samples']:,} samples each, level {m['false_alarm']}); the weakest planted-bug cell rejected "
             f"with power {_ci(w['power'], lo, hi, unit='')}{at}")
-    ok = m["min_p_value"] >= m["false_alarm"]
+    # 01's confirmation rule (metrics with "confirmed"): a rejection counts only if its fresh redraws reject too;
+    # runs from before the rule: any rejection counts
+    failed = m["confirmed"] > 0 if "confirmed" in m else m["min_p_value"] < m["false_alarm"]
+    real_failed = False
     real = m.get("real_pair")
     if real:  # section 3: the real pair against its exact probabilities
         small = real.get("small_batch") or {}  # 01's run at a small batch size, beside the large batches'
-        real_ok = (min(real["min_p_value"], small.get("min_p_value", 1.0)) >= m["false_alarm"]
-                   and real["outside_support"] == 0)
+        real_failed = real["outside_support"] > 0 or (
+            real["confirmed"] + small.get("confirmed", 0) > 0 if "confirmed" in real
+            else min(real["min_p_value"], small.get("min_p_value", 1.0)) < m["false_alarm"])
+        redrawn = real.get("redrawn") or {}
+        rule = (f" ({len(redrawn)} rejected and were drawn again with fresh seeds: p = "
+                + "; ".join(", ".join(_p(x) for x in v) for v in redrawn.values())
+                + f"; {real['confirmed'] + small.get('confirmed', 0)} confirmed)" if redrawn else "")
         ours += (f"; the real pair ({', '.join(real['drafts'])}; first {real['n_tokens']} tokens of "
                  f"{len(real['prompts'])} prompts in ragged batches, {real['n_samples']:,} samples each): smallest "
-                 f"p-value {_p(real['min_p_value'])} over {real['tests']} tests, detectable error (80% power) "
+                 f"p-value {_p(real['min_p_value'])} over {real['tests']} tests{rule}, detectable error (80% power) "
                  f"{real['detectable_tv'][0]:.2f}-{real['detectable_tv'][1]:.2f} in total variation"
                  + (f", power {real['power_at_zhang_tv'][0]:.2f}-{real['power_at_zhang_tv'][1]:.2f} against "
                     f"{real['zhang_tv']} (the most a bug in {real['zhang_tv']:.0%} of rows could move)"
@@ -86,9 +94,9 @@ def _distribution(r):
                  + (f"; at batch {small['batch_rows']} ({small['draft']}, {small['n_samples']:,} samples): smallest "
                     f"p-value {_p(small['min_p_value'])} over {small['tests']} tests" if small else "")
                  + f"; its planted bug rejected in {real['bug_rejected']} of {real['bug_tests']} prompts")
-        ok = ok and real_ok
-    verdict = "reproduces" if ok else ("does not reproduce: a test rejected" if m["min_p_value"] < m["false_alarm"]
-                                       else "does not reproduce: a test on the real pair rejected")
+    confirmed = ", confirmed on a fresh draw" if "confirmed" in m else ""
+    verdict = ("reproduces" if not (failed or real_failed) else f"does not reproduce: a test rejected{confirmed}"
+               if failed else f"does not reproduce: a test on the real pair rejected{confirmed}")
     return ours, verdict, "01-distribution"
 
 
