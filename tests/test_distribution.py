@@ -371,6 +371,8 @@ def test_a_rejection_counts_only_when_its_redraw_rejects_too():
     assert confirm_rejection(0.0009, [0.3], 0.001) == "not confirmed"  # 01's one rejection and a redraw that passes
     assert confirm_rejection(0.0009, [0.0002], 0.001) == "rejected"  # the contrary data: the redraw rejects too
     assert confirm_rejection(1e-9, [1e-9, 0.2], 0.001) == "not confirmed"  # every redraw must reject
+    assert confirm_rejection(0.0, [0.4], 0.001, outside_support=1) == "rejected"  # probability 0: no chance event
+    assert confirm_rejection(0.6, [], 0.001, outside_support=2) == "rejected"  # in a redraw, after a first pass
     with pytest.raises(ValueError, match="draw the cell again"):
         confirm_rejection(1e-5, [], 0.001)
     with pytest.raises(ValueError, match="lie in"):

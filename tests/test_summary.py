@@ -94,15 +94,24 @@ def test_the_distribution_row_counts_a_rejection_only_when_its_redraw_confirms_i
 
     got = row(metrics | {"real_pair": real})  # 01's rejection at f59ffa8, cleared by its redraw
     assert got.verdict == "reproduces"
-    assert "1 rejected and were drawn again with fresh seeds: p = 0.00095, 0.24; 0 confirmed" in got.ours
+    assert "1 of its tests (any batch) rejected and were drawn again with fresh seeds, p then redrawn: 0.00095 then " \
+           "0.24; 0 confirmed" in got.ours
     contrary = real | {"confirmed": 1, "redrawn": {"prompt-lookup T0.8 a": [0.00095, 0.0002]}}
     assert row(metrics | {"real_pair": contrary}).verdict == ("does not reproduce: a test on the real pair "
-                                                              "rejected, confirmed on a fresh draw")
+                                                              "rejected, confirmed on fresh draws")
+    outside = row(metrics | {"real_pair": real | {"outside_support": 2}})  # never cleared by a redraw
+    assert outside.verdict == "does not reproduce: 2 samples fell outside the target's support"
+    tiny_outside = row(metrics | {"outside_support": 1, "real_pair": real}).verdict
+    assert tiny_outside == "does not reproduce: 1 sample fell outside the target's support"
     assert row(metrics | {"real_pair": real | {"small_batch": small | {"confirmed": 1}}}).verdict.startswith(
         "does not reproduce")  # the batch-8 run's confirmed rejection counts too
-    tiny = metrics | {"min_p_value": 0.0004, "rejected_first": 1, "real_pair": real}
-    assert row(tiny).verdict == "reproduces"  # a tiny-model rejection its redraw cleared
-    assert row(tiny | {"confirmed": 1}).verdict == "does not reproduce: a test rejected, confirmed on a fresh draw"
+    tiny = metrics | {"min_p_value": 0.0004, "rejected_first": 1, "redrawn": {"T1 gamma=2": [0.0004, 0.5]},
+                      "real_pair": real}
+    got = row(tiny)
+    assert got.verdict == "reproduces" and "1 rejected, p then redrawn: 0.0004 then 0.50; 0 confirmed" in got.ours
+    assert row(tiny | {"confirmed": 1}).verdict == "does not reproduce: a test rejected, confirmed on fresh draws"
+    weakest = row(tiny | {"weakest_power": {"power": 0.9}}).ours
+    assert "power 0.90 (no interval) for one test (0.81 with its confirmation)" in weakest
 
 
 def test_draft_size_reads_the_ladder_sweep_when_it_ran(tmp_path):

@@ -329,7 +329,7 @@ def summarize(runs: list[Run]) -> dict[str, dict]:
     # on a loaded machine, where a handful of tokens take a few milliseconds)
     bases = [m for m in AUTOREGRESSIVE if m in out and out[m]["decode_ms_per_token"] > 0]
     if any(m in out for m in AUTOREGRESSIVE) and not bases:
-        raise _too_short_to_time("no autoregressive run has")
+        raise _too_short_to_time("every autoregressive run has")
     if bases:
         baseline = min(bases, key=lambda m: out[m]["decode_ms_per_token"])
         base = out[baseline]["decode_ms_per_token"]

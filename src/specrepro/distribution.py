@@ -293,11 +293,13 @@ def chisquare_gof(counts: np.ndarray, probs: np.ndarray | torch.Tensor, min_expe
     return GofResult(float(stat), len(obs) - 1, float(p), int(n), 0, float(tv))
 
 
-def confirm_rejection(p_value: float, redraws: list[float] | tuple[float, ...], false_alarm: float) -> str:
+def confirm_rejection(p_value: float, redraws: list[float] | tuple[float, ...], false_alarm: float, *,
+                      outside_support: int = 0) -> str:
     """The outcome of one test under a confirmation rule stated before the data: "pass" where the test does not
-    reject at `false_alarm`; where it rejects, the same cell is drawn again with fresh seeds and `redraws` holds
-    those tests' p-values: "rejected" if every one rejects too, "not confirmed" if any passes (for a correct
-    sampler: a false alarm).
+    reject at `false_alarm`; where it rejects, the same cell is drawn again with fresh random numbers and `redraws`
+    holds those tests' p-values: "rejected" if every one rejects too, "not confirmed" if any passes (for a correct
+    sampler: a false alarm). A sample outside the exact support (`outside_support` > 0, counted over the test and
+    its redraws) is "rejected" whatever the p-values: a continuation of probability 0 is never a chance event.
 
     A correct sampler ends "rejected" with probability false_alarm ** (1 + len(redraws)); a sampler that one test
     detects with power `pi` ends "rejected" with probability pi ** (1 + len(redraws)) (the draws are independent),
@@ -305,6 +307,8 @@ def confirm_rejection(p_value: float, redraws: list[float] | tuple[float, ...], 
     0.8 ** (1 / (1 + len(redraws))) gives the error the rule detects with 80% power)."""
     if not 0 <= p_value <= 1 or not all(0 <= r <= 1 for r in redraws):
         raise ValueError(f"p-values lie in [0, 1]: got {p_value} and redraws {list(redraws)}")
+    if outside_support:
+        return "rejected"
     if p_value >= false_alarm:
         return "pass"
     if not redraws:

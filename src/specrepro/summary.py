@@ -61,32 +61,43 @@ def _p(p: float) -> str:
     return f"{p:.2f}" if p >= 0.01 else f"{p:.2g}"
 
 
+def _redrawn(redrawn: dict) -> str:
+    """01's rejected tests and their redraws, as read: "0.00095 then 0.24" per test."""
+    return "; ".join(f"{_p(v[0])} then " + ", ".join(_p(x) for x in v[1:]) for v in redrawn.values())
+
+
 def _distribution(r):
     m = r["metrics"]
     tests = len(m["p_values"])
     w = m["weakest_power"]
     lo, hi = w.get("interval", (None, None))
     at = f" at {w['n_samples']:,} samples" if "n_samples" in w else ""
+    k = m.get("confirm_draws")  # 01's confirmation rule: a rejection counts only if its k fresh redraws reject too
+    tiny_redrawn = m.get("redrawn") or {}
     ours = (f"smallest p-value {_p(m['min_p_value'])} over {tests} chi-squared tests of whole generations "
-            f"({m['n_samples']:,} samples each, level {m['false_alarm']}); the weakest planted-bug cell rejected "
-            f"with power {_ci(w['power'], lo, hi, unit='')}{at}")
-    # 01's confirmation rule (metrics with "confirmed"): a rejection counts only if its fresh redraws reject too;
-    # runs from before the rule: any rejection counts
+            f"({m['n_samples']:,} samples each, level {m['false_alarm']}"
+            + (f"; {len(tiny_redrawn)} rejected, p then redrawn: {_redrawn(tiny_redrawn)}; {m['confirmed']} confirmed"
+               if tiny_redrawn else "")
+            + f"); the weakest planted-bug cell rejected with power {_ci(w['power'], lo, hi, unit='')}{at}"
+            + (f" for one test ({w['power'] ** (1 + k):.2f} with its confirmation)" if k else ""))
+    # metrics from before the rule (no "confirmed"): any rejection counts
     failed = m["confirmed"] > 0 if "confirmed" in m else m["min_p_value"] < m["false_alarm"]
+    outside = m.get("outside_support", 0)  # a sample of probability 0 fails whatever the p-values
     real_failed = False
     real = m.get("real_pair")
     if real:  # section 3: the real pair against its exact probabilities
         small = real.get("small_batch") or {}  # 01's run at a small batch size, beside the large batches'
-        real_failed = real["outside_support"] > 0 or (
-            real["confirmed"] + small.get("confirmed", 0) > 0 if "confirmed" in real
-            else min(real["min_p_value"], small.get("min_p_value", 1.0)) < m["false_alarm"])
+        outside += real["outside_support"]
+        real_failed = (real["confirmed"] + small.get("confirmed", 0) > 0 if "confirmed" in real
+                       else min(real["min_p_value"], small.get("min_p_value", 1.0)) < m["false_alarm"])
         redrawn = real.get("redrawn") or {}
-        rule = (f" ({len(redrawn)} rejected and were drawn again with fresh seeds: p = "
-                + "; ".join(", ".join(_p(x) for x in v) for v in redrawn.values())
-                + f"; {real['confirmed'] + small.get('confirmed', 0)} confirmed)" if redrawn else "")
+        rule = (f"; {len(redrawn)} of its tests (any batch) rejected and were drawn again with fresh seeds, p then "
+                f"redrawn: {_redrawn(redrawn)}; {real['confirmed'] + small.get('confirmed', 0)} confirmed"
+                if redrawn else "")
         ours += (f"; the real pair ({', '.join(real['drafts'])}; first {real['n_tokens']} tokens of "
                  f"{len(real['prompts'])} prompts in ragged batches, {real['n_samples']:,} samples each): smallest "
-                 f"p-value {_p(real['min_p_value'])} over {real['tests']} tests{rule}, detectable error (80% power) "
+                 f"p-value {_p(real['min_p_value'])} over {real['tests']} tests{rule}; detectable error (80% power"
+                 + (", with the confirmation" if "confirmed" in real else "") + ") "
                  f"{real['detectable_tv'][0]:.2f}-{real['detectable_tv'][1]:.2f} in total variation"
                  + (f", power {real['power_at_zhang_tv'][0]:.2f}-{real['power_at_zhang_tv'][1]:.2f} against "
                     f"{real['zhang_tv']} (the most a bug in {real['zhang_tv']:.0%} of rows could move)"
@@ -94,9 +105,12 @@ def _distribution(r):
                  + (f"; at batch {small['batch_rows']} ({small['draft']}, {small['n_samples']:,} samples): smallest "
                     f"p-value {_p(small['min_p_value'])} over {small['tests']} tests" if small else "")
                  + f"; its planted bug rejected in {real['bug_rejected']} of {real['bug_tests']} prompts")
-    confirmed = ", confirmed on a fresh draw" if "confirmed" in m else ""
-    verdict = ("reproduces" if not (failed or real_failed) else f"does not reproduce: a test rejected{confirmed}"
-               if failed else f"does not reproduce: a test on the real pair rejected{confirmed}")
+    confirmed = ", confirmed on fresh draws" if "confirmed" in m else ""
+    verdict = ("reproduces" if not (failed or real_failed or outside)
+               else f"does not reproduce: {outside} sample{'s' * (outside != 1)} fell outside the target's support"
+               if outside
+               else f"does not reproduce: a test rejected{confirmed}" if failed
+               else f"does not reproduce: a test on the real pair rejected{confirmed}")
     return ours, verdict, "01-distribution"
 
 
