@@ -377,3 +377,59 @@ def test_a_rejection_counts_only_when_its_redraw_rejects_too():
         confirm_rejection(1e-5, [], 0.001)
     with pytest.raises(ValueError, match="lie in"):
         confirm_rejection(float("nan"), [], 0.001)
+
+
+def _gof(p_value: float, impossible: int = 0):
+    from specrepro.distribution import GofResult
+
+    return GofResult(1.0, 3, p_value, 100, impossible, 0.01)
+
+
+def _rule(runs: dict[int, list[float]], confirm_draws: int = 1) -> list:
+    """The confirmation rule on canned p-values, as 01 runs it: draw 0, then the redraws the rule asks for."""
+    from specrepro.distribution import confirmed, rule_redraws
+
+    def draw(d):
+        return [_gof(p, impossible=int(p == 0)) for p in runs[d]]
+
+    first = draw(0)
+    return confirmed([first, *(draw(d) for d in rule_redraws(first, false_alarm=0.001, confirm_draws=confirm_draws))],
+                     0.001)
+
+
+def test_the_rule_redraws_the_whole_set_only_where_a_first_test_rejects():
+    tests = _rule({0: [0.5, 0.2]})  # no draw 1 to make: asking for it would raise KeyError
+    assert [t.outcome for t in tests] == ["pass", "pass"] and tests[0].redraw_p_values == []
+    # a rejection cleared by its redraw: the set is drawn again whole, the passing test's outcome is unchanged
+    tests = _rule({0: [0.0009, 0.2], 1: [0.24, 0.0002]})
+    assert [t.outcome for t in tests] == ["not confirmed", "pass"]
+    assert tests[0].redraw_p_values == [0.24] and tests[1].redraw_p_values == [0.0002]
+    # the contrary data: the redraws reject too
+    tests = _rule({0: [0.0009, 0.2], 1: [0.0001, 0.5], 2: [0.0003, 0.5]}, confirm_draws=2)
+    assert [t.outcome for t in tests] == ["rejected", "pass"] and tests[0].redraw_p_values == [0.0001, 0.0003]
+    # a sample outside the support in a redraw fails the test whose first draw passed
+    tests = _rule({0: [0.0009, 0.2], 1: [0.5, 0.0]})
+    assert [t.outcome for t in tests] == ["not confirmed", "rejected"] and tests[1].outside_support == 1
+
+
+def test_the_rule_refuses_no_redraws_and_ragged_draws():
+    from specrepro.distribution import confirmed, rule_redraws
+
+    with pytest.raises(ValueError, match="confirm_draws >= 1"):
+        rule_redraws([_gof(0.5)], false_alarm=0.001, confirm_draws=0)
+    with pytest.raises(ValueError, match="same set"):
+        confirmed([[_gof(0.0001)], [_gof(0.5), _gof(0.5)]], 0.001)
+    with pytest.raises(ValueError, match="same set"):
+        confirmed([], 0.001)
+
+
+def test_the_rules_power_is_the_single_tests_to_the_number_of_draws():
+    from specrepro.distribution import detectable_tv, power_against_tv, rule_power
+
+    assert rule_power(0.9, 1) == pytest.approx(0.81) and rule_power(0.9, 0) == 0.9
+    exact = np.array([0.4, 0.3, 0.2, 0.05, 0.05])
+    one = power_against_tv(exact, 0.05, 2000, false_alarm=FALSE_ALARM, reps=300)
+    assert power_against_tv(exact, 0.05, 2000, false_alarm=FALSE_ALARM, reps=300, confirm_draws=1) == one ** 2
+    single, rule = (detectable_tv(exact, 2000, false_alarm=FALSE_ALARM, reps=300, confirm_draws=k) for k in (0, 1))
+    assert single < rule  # the rule pays in power: it needs a larger error for the same 80%
+    assert power_against_tv(exact, rule, 2000, false_alarm=FALSE_ALARM, reps=300, confirm_draws=1) >= 0.8

@@ -239,6 +239,19 @@ def sample_ragged(target, draft, prompts: list[list[int]], *, method: str, n_tok
     return [np.concatenate(got)[:n_samples] for got in out], [s[:n_samples] for s in stats]
 
 
+def gof_ragged(target, draft, prompts: list[list[int]], exact: list[dict[tuple[int, ...], float]], *, seed: int,
+               **draw) -> tuple[list[GofResult], list[list[GenerationStats]]]:
+    """One draw of speculative samples of every prompt (`sample_ragged` with `draw`'s arguments, random numbers
+    from `seed`), each prompt's tested against its exact probabilities (`exact_joint_sparse`'s dict, `gof_sparse`):
+    the tests and each prompt's `GenerationStats`. One draw of 01's real-pair tests (drawn again with fresh seeds
+    where `rule_redraws` says), and of `python -m specrepro.distribution`."""
+    if len(exact) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(exact)} exact distributions: give one per prompt")
+    samples, stats = sample_ragged(target, draft, prompts, method="speculative",
+                                   generator=torch.Generator().manual_seed(seed), **draw)
+    return [gof_sparse(x, e) for x, e in zip(samples, exact)], stats
+
+
 def counts_of(samples: np.ndarray | list, vocab_size: int) -> np.ndarray:
     """Histogram of sampled n-token tuples, shape (V,)*n, from an (N, n) array of token ids."""
     samples = np.asarray(samples, dtype=np.int64)
@@ -303,8 +316,9 @@ def confirm_rejection(p_value: float, redraws: list[float] | tuple[float, ...], 
 
     A correct sampler ends "rejected" with probability false_alarm ** (1 + len(redraws)); a sampler that one test
     detects with power `pi` ends "rejected" with probability pi ** (1 + len(redraws)) (the draws are independent),
-    so the rule's power is the single test's raised to that power (`detectable_tv(target_power=...)` with
-    0.8 ** (1 / (1 + len(redraws))) gives the error the rule detects with 80% power)."""
+    so the rule's power is the single test's raised to that power (`rule_power`; `detectable_tv` and
+    `power_against_tv` give the rule's with `confirm_draws`). `rule_redraws` says which draws the rule makes,
+    `confirmed` applies it to their results."""
     if not 0 <= p_value <= 1 or not all(0 <= r <= 1 for r in redraws):
         raise ValueError(f"p-values lie in [0, 1]: got {p_value} and redraws {list(redraws)}")
     if outside_support:
@@ -315,6 +329,58 @@ def confirm_rejection(p_value: float, redraws: list[float] | tuple[float, ...], 
         raise ValueError(f"the test rejected (p = {p_value:.3g} < {false_alarm}): draw the cell again with fresh "
                          "seeds and pass those p-values as redraws, as the rule requires")
     return "rejected" if all(r < false_alarm for r in redraws) else "not confirmed"
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    """One test under the confirmation rule (`confirm_rejection`): its first draw's result and its redraws'."""
+
+    draws: tuple[GofResult, ...]  # the first draw, then the redraws the rule made (none where nothing rejected)
+    false_alarm: float
+
+    @property
+    def first(self) -> GofResult:
+        return self.draws[0]
+
+    @property
+    def redraw_p_values(self) -> list[float]:
+        return [g.p_value for g in self.draws[1:]]
+
+    @property
+    def outside_support(self) -> int:
+        """Samples outside the exact support, over the first draw and every redraw."""
+        return sum(g.impossible for g in self.draws)
+
+    @property
+    def outcome(self) -> str:
+        return confirm_rejection(self.first.p_value, self.redraw_p_values, self.false_alarm,
+                                 outside_support=self.outside_support)
+
+
+def rule_redraws(first: list[GofResult], *, false_alarm: float, confirm_draws: int) -> range:
+    """The draws the confirmation rule makes after the first draw of a set of tests (`first`, one result per test):
+    draws 1 to `confirm_draws`, each with fresh random numbers, where any test rejects at `false_alarm`; none where
+    none rejects. The whole set is drawn again: the rows of one ragged batch are drawn together, so a test is
+    redrawn with the tests it shares batches with (`confirmed` keeps a passing test's outcome)."""
+    if confirm_draws < 1:
+        raise ValueError(f"confirm_draws={confirm_draws}: the confirmation rule needs at least one redraw of a "
+                         "rejecting test; set confirm_draws >= 1")
+    return range(1, 1 + confirm_draws) if any(g.rejects(false_alarm) for g in first) else range(0)
+
+
+def confirmed(draws: list[list[GofResult]], false_alarm: float) -> list[Confirmed]:
+    """Each test's `Confirmed` from the draws of a set of tests: `draws[d][i]` is test i's result in draw d (the
+    first draw, then `rule_redraws`'), every draw testing the same set in the same order."""
+    if not draws or len({len(gs) for gs in draws}) != 1:
+        raise ValueError(f"{[len(gs) for gs in draws]} results in draws 0, 1, ...: every draw must test the same "
+                         "set, in the same order")
+    return [Confirmed(tuple(gs), false_alarm) for gs in zip(*draws)]
+
+
+def rule_power(power: float, confirm_draws: int) -> float:
+    """The confirmation rule's power, from one test's: the first test and its `confirm_draws` redraws, independent,
+    must all reject."""
+    return power ** (1 + confirm_draws)
 
 
 def all_sequences(vocab_size: int, n_tokens: int) -> list[tuple[int, ...]]:
@@ -431,27 +497,31 @@ def shifted_toward_top(exact: np.ndarray | dict, tv: float) -> tuple[np.ndarray,
 
 
 def power_against_tv(exact: np.ndarray | dict, tv: float, n_samples: int, *, false_alarm: float, reps: int = 200,
-                     seed: int = 0) -> float:
+                     seed: int = 0, confirm_draws: int = 0) -> float:
     """Power of `chisquare_gof` at `n_samples` samples against a sampler `tv` away from `exact`
-    (`shifted_toward_top`), by simulation (`rejection_rate`). NaN where the other continuations hold less than
-    `tv` of the mass (no such sampler exists)."""
+    (`shifted_toward_top`), by simulation (`rejection_rate`); with `confirm_draws` > 0, the confirmation rule's
+    power (`rule_power`). NaN where the other continuations hold less than `tv` of the mass (no such sampler
+    exists)."""
     probs = _probabilities(exact)
     if tv > 1 - probs.max():
         return float("nan")
     _, shifted = shifted_toward_top(probs, tv)
-    return rejection_rate(shifted, probs, n_samples=n_samples, false_alarm=false_alarm, reps=reps, seed=seed)
+    return rule_power(rejection_rate(shifted, probs, n_samples=n_samples, false_alarm=false_alarm, reps=reps,
+                                     seed=seed), confirm_draws)
 
 
 def detectable_tv(exact: np.ndarray | dict, n_samples: int, *, false_alarm: float, target_power: float = 0.8,
-                  reps: int = 200, seed: int = 0) -> float:
+                  reps: int = 200, seed: int = 0, confirm_draws: int = 0) -> float:
     """The smallest total-variation error `chisquare_gof` detects with `target_power` at `n_samples` samples, by
-    simulation (`power_against_tv`, bisection to about 0.002) against `shifted_toward_top`'s alternative.
+    simulation (`power_against_tv`, bisection to about 0.002) against `shifted_toward_top`'s alternative; with
+    `confirm_draws` > 0, the error the confirmation rule detects with `target_power` (`rule_power`).
     `exact`: probabilities over the cells, or `exact_joint_sparse`'s dict. NaN if even moving all the other mass
     is not detected."""
     probs = _probabilities(exact)
 
     def power(tv: float) -> float:
-        return power_against_tv(probs, tv, n_samples, false_alarm=false_alarm, reps=reps, seed=seed)
+        return power_against_tv(probs, tv, n_samples, false_alarm=false_alarm, reps=reps, seed=seed,
+                                confirm_draws=confirm_draws)
 
     lo, hi = 0.0, float(1 - probs.max())
     if hi <= 0 or power(hi) < target_power:
@@ -524,11 +594,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = SamplingConfig(args.temperature, args.top_k, args.top_p)
     exact = exact_joint_sparse(target, torch.tensor([ids]), args.n_tokens, cfg)
     for seed in args.seeds:
-        [samples], _ = sample_ragged(target, draft, [ids], method="speculative", n_tokens=args.n_tokens,
-                                     n_samples=args.samples, cfg=cfg, gamma=args.gamma,
-                                     generator=torch.Generator().manual_seed(seed), batch_rows=args.batch_rows,
-                                     pad_token_id=tok.pad_token_id or 0)
-        g = gof_sparse(samples, exact)
+        [g], _ = gof_ragged(target, draft, [ids], [exact], seed=seed, n_tokens=args.n_tokens, n_samples=args.samples,
+                            cfg=cfg, gamma=args.gamma, batch_rows=args.batch_rows, pad_token_id=tok.pad_token_id or 0)
         print(f"{args.draft}, {args.task} {args.prompt}, {cfg}, seed {seed}: p = {g.p_value:.4f}, total variation "
               f"{g.total_variation:.4f}, {g.dof} degrees of freedom, {g.impossible} outside the support "
               f"({args.samples:,} samples, {len(exact):,} continuations)", flush=True)

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from . import audit, models, numerics, paths, verdicts
+from .distribution import rule_power
 from .sweep import setting_key
 
 
@@ -79,7 +80,7 @@ def _distribution(r):
             + (f"; {len(tiny_redrawn)} rejected, p then redrawn: {_redrawn(tiny_redrawn)}; {m['confirmed']} confirmed"
                if tiny_redrawn else "")
             + f"); the weakest planted-bug cell rejected with power {_ci(w['power'], lo, hi, unit='')}{at}"
-            + (f" for one test ({w['power'] ** (1 + k):.2f} with its confirmation)" if k else ""))
+            + (f" for one test ({rule_power(w['power'], k):.2f} with its confirmation)" if k else ""))
     # metrics from before the rule (no "confirmed"): any rejection counts
     failed = m["confirmed"] > 0 if "confirmed" in m else m["min_p_value"] < m["false_alarm"]
     outside = m.get("outside_support", 0)  # a sample of probability 0 fails whatever the p-values
