@@ -132,3 +132,53 @@ def test_inductor_compiled_path_gives_the_eager_paths_tokens_and_compiles_once()
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames
     ref = autoregressive_generate(target, PROMPTS[2], max_new_tokens=24, temperature=0)
     assert torch.equal(again.sequences, ref.sequences)
+
+
+@pytest.mark.parametrize("q_len", [1, 4])
+@pytest.mark.parametrize("masked", [True, False])
+def test_grouped_query_attention_gives_transformers_sdpa_without_widening_the_cache(q_len, masked):
+    """The static path's attention (`enable_gqa`) against transformers' sdpa (which widens the keys and values to
+    every query head while compiling): the same outputs, within float32 rounding, with and without a mask, for a
+    decode step and a verification block; without grouped heads it is transformers' sdpa itself."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    g = torch.Generator().manual_seed(0)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 3, True
+    query = torch.randn(2, 9, q_len, 16, generator=g)
+    key, value = torch.randn(2, 3, 40, 16, generator=g), torch.randn(2, 3, 40, 16, generator=g)
+    mask = None
+    if masked:  # row 1 left-padded by 5 slots, both rows' last slots beyond the fill level
+        mask = torch.ones(2, 1, q_len, 40, dtype=torch.bool)
+        mask[1, :, :, :5] = False
+        mask[:, :, :, 36:] = False
+    want, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.25)
+    got, _ = compiled._sdpa_gqa(module, query, key, value, mask, scaling=0.25)
+    assert got.shape == want.shape == (2, q_len, 9, 16)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    module.num_key_value_groups = 1
+    same, _ = compiled._sdpa_gqa(module, query[:, :3], key, value, mask, scaling=0.25)
+    assert torch.equal(same, sdpa_attention_forward(module, query[:, :3], key, value, mask, scaling=0.25)[0])
+
+
+def test_the_static_path_switches_attention_for_its_forwards_only(pair64):
+    """The model keeps its own attention between the static path's forwards, also where a forward raises, so eager
+    loops racing the compiled ones in one process run transformers' sdpa."""
+    target, _ = pair64
+    assert target.config._attn_implementation == "sdpa"
+    seen = []
+    hook = target.model.layers[0].self_attn.register_forward_pre_hook(
+        lambda *_: seen.append(target.config._attn_implementation))
+    try:
+        m = StaticCachedModel(target, "target", [], block=2, slots=SLOT_BUCKET, mode="eager")
+        m.feed([[1, 2, 3]], 1)  # the prompt's prefill: eager, the model's own attention
+        assert seen[-1] == "sdpa"
+        m.feed([[4]], 1)  # a decode step on the static path
+        assert seen[-1] == compiled.GQA_ATTENTION and target.config._attn_implementation == "sdpa"
+        hook.remove()
+        hook = target.model.layers[0].self_attn.register_forward_pre_hook(lambda *_: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            compiled._static_forward(target, input_ids=torch.tensor([[1]]))
+        assert target.config._attn_implementation == "sdpa"
+    finally:
+        hook.remove()
