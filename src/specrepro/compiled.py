@@ -12,8 +12,8 @@ memory-bound only once the per-step overhead is gone, and most of that overhead 
   width, runs eagerly on the same cache;
 - attention reads the cache in place: transformers' sdpa, compiled, widens every layer's keys and values to all
   query heads (`repeat_kv`), a copy of the whole cache per step, so the compiled forwards run sdpa with the grouped
-  heads left to the kernel (`_sdpa_gqa`; on SmolLM2 the same logits, bit for bit; a decode step after 256 cached
-  tokens went from 30.1 to 27.7 ms in one measurement on a 2-core Intel Xeon, 07 section 1 times it every run);
+  heads left to the kernel (`_sdpa_gqa`; on SmolLM2 the same logits, bit for bit; 07 section 1 times the step
+  every run);
 - rolling back moves the fill level (`StaticCache.crop`), nothing is copied; the padding of a short block is rolled
   back the same way right after its forward, so the cache never holds a token of it.
 
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import sdpa_mask
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
 from .kvcache import CachedModel, cache_kwarg, concat_features, model_forward
 from .sampling import check_logits
@@ -115,12 +115,12 @@ def _sdpa_gqa(module, query, key, value, attention_mask, dropout: float = 0.0, s
 
     Under torch.compile transformers' own sdpa widens the keys and values to every query head (`repeat_kv`): the
     graph then copies each layer's whole static cache, all its slots, n_rep times wider at every step (on SmolLM2, 9
-    query heads over 3 key-value heads: the 24 MB cache of 512 slots read and 71 MB written per decode step, 4.2 of
-    a 30 ms step in torch's profiler on a 2-core CPU). Eager transformers avoids the copy for one-token queries (it
-    packs the query heads instead) but not while compiling. Here the kernel reads each key-value head for its group
-    in place (on SmolLM2 the compiled decode step's logits came out bitwise those of transformers' sdpa; the tests
-    allow float32 rounding). transformers notes that on CUDA sdpa with a mask and grouped heads falls back to its
-    math kernel, so there (and without grouped heads) this is transformers' sdpa unchanged."""
+    query heads over 3 key-value heads: the 24 MB cache of 512 slots read and 71 MB written per decode step). Eager
+    transformers avoids the copy for one-token queries (it packs the query heads instead) but not while compiling.
+    Here the kernel reads each key-value head for its group in place (on SmolLM2 the compiled decode step's logits
+    came out bitwise those of transformers' sdpa; the tests allow float32 rounding). transformers notes that on CUDA
+    sdpa with a mask and grouped heads falls back to its math kernel, so there (and without grouped heads) this is
+    transformers' sdpa unchanged."""
     if query.device.type != "cpu" or key.shape[1] == query.shape[1]:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
@@ -132,7 +132,7 @@ def _sdpa_gqa(module, query, key, value, attention_mask, dropout: float = 0.0, s
 
 
 AttentionInterface.register(GQA_ATTENTION, _sdpa_gqa)
-AttentionMaskInterface.register(GQA_ATTENTION, sdpa_mask)  # the masks "sdpa" gets
+AttentionMaskInterface.register(GQA_ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])  # the masks "sdpa" gets
 
 
 def _static_forward(model, **kwargs):
