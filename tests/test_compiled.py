@@ -182,3 +182,19 @@ def test_the_static_path_switches_attention_for_its_forwards_only(pair64):
         assert target.config._attn_implementation == "sdpa"
     finally:
         hook.remove()
+
+
+def test_grouped_query_attention_leaves_a_position_bias_to_transformers():
+    """Arguments only transformers' sdpa honours (here a position bias) are not dropped: the call is its own."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    g = torch.Generator().manual_seed(1)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 3, True
+    query = torch.randn(1, 9, 1, 16, generator=g)
+    key, value = torch.randn(1, 3, 8, 16, generator=g), torch.randn(1, 3, 8, 16, generator=g)
+    bias = torch.randn(1, 9, 1, 8, generator=g)
+    want, _ = sdpa_attention_forward(module, query, key, value, None, position_bias=bias)
+    got, _ = compiled._sdpa_gqa(module, query, key, value, None, position_bias=bias)
+    assert torch.equal(got, want)
+    assert not torch.allclose(got, compiled._sdpa_gqa(module, query, key, value, None)[0])

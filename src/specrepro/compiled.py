@@ -119,9 +119,11 @@ def _sdpa_gqa(module, query, key, value, attention_mask, dropout: float = 0.0, s
     transformers avoids the copy for one-token queries (it packs the query heads instead) but not while compiling.
     Here the kernel reads each key-value head for its group in place (on SmolLM2 the compiled decode step's logits
     came out bitwise those of transformers' sdpa; the tests allow float32 rounding). transformers notes that on CUDA
-    sdpa with a mask and grouped heads falls back to its math kernel, so there (and without grouped heads) this is
+    sdpa with a mask and grouped heads falls back to its math kernel, so there, without grouped heads, and for the
+    arguments only transformers' function honours (a position bias, a softcap, attention weights asked for), this is
     transformers' sdpa unchanged."""
-    if query.device.type != "cpu" or key.shape[1] == query.shape[1]:
+    if (query.device.type != "cpu" or key.shape[1] == query.shape[1] or kwargs.get("position_bias") is not None
+            or kwargs.get("softcap") is not None or kwargs.get("output_attentions")):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
