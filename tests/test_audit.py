@@ -72,6 +72,23 @@ def test_llama_cpp_and_openai_responses_parse():
         audit.parse({"error": "bad"}, 0.1)
 
 
+def test_decode_speed_reads_the_servers_own_timings_and_says_when_there_are_none():
+    timed = LLAMA_CPP | {"timings": {"draft_n": 3, "draft_n_accepted": 1, "predicted_ms": 250.0, "predicted_n": 2}}
+    c = audit.parse(timed, 0.5)
+    assert (c.decode_seconds, c.decoded) == (0.25, 2) and audit.parse(OPENAI, 0.5).decode_seconds is None
+
+    def done(seconds, decode_seconds):  # 10 tokens; the wall time includes a prompt of varying length
+        return audit.Completion("", (1,), ("a",), seconds, 10, 4, 2, decode_seconds, 10)
+
+    off = [done(3.0, 1.0), done(1.0, 1.0)]
+    on = [done(1.0, 0.5), done(3.0, 0.5)]  # wall times say no faster; the decode times say twice as fast
+    assert audit.speed_row(on, off)["speedup"] == pytest.approx(1.0)
+    row = audit.speed_row(on, off, decode=True, mode="m")
+    assert row["speedup"] == pytest.approx(2.0) and row["mode"] == "m" and row["acceptance"] == pytest.approx(0.5)
+    with pytest.raises(audit.ServerError, match="decode=False"):
+        audit.speed([audit.parse(OPENAI, 0.5)], decode=True)
+
+
 def test_compare_outputs_finds_the_first_divergence():
     ref = [audit.parse(LLAMA_CPP, 0.1)] * 2
     other = dict(LLAMA_CPP, choices=[{"text": "", "logprobs": {"content": [{"id": 12, "token": "a"},

@@ -240,6 +240,25 @@ def test_anchor_goals_hold_only_where_ours_is_as_cheap_as_llama_cpp():
         bench.anchor_goals(level, "eager", llama_decode_ms=10.0)
 
 
+def test_the_speculation_goal_holds_only_where_ours_gains_as_much_as_llama_cpps_best():
+    llama = [dict(mode="a", speedup=1.2), dict(mode="b", speedup=1.5)]
+    ahead = bench.speculation_goal(dict(speedup=1.6), llama)
+    assert ahead["holds"] and ahead["value"] == pytest.approx(1.6 / 1.5) and "b, 1.50x" in ahead["goal"]
+    behind = bench.speculation_goal(dict(speedup=1.3), llama)  # ahead of one mode, behind the best
+    assert not behind["holds"] and behind["value"] == pytest.approx(1.3 / 1.5)
+    missing = bench.speculation_goal(dict(speedup=2.0), [])
+    assert not missing["holds"] and math.isnan(missing["value"]) and "not run" in missing["goal"]
+
+
+def test_llama_cpp_speculation_refuses_bad_input_and_says_why_it_cannot_run():
+    with pytest.raises(ValueError, match="non-empty prompts"):
+        bench.llama_cpp_speculation("x", [[1, 2], []], max_new_tokens=4, threads=1)
+    with pytest.raises(ValueError, match='"off"'):
+        bench.llama_cpp_speculation("x", [[1, 2]], max_new_tokens=4, threads=1, modes={"off": ()})
+    rows, why = bench.llama_cpp_speculation("someone/a-hub-model", [[1, 2]], max_new_tokens=4, threads=1)
+    assert rows == [] and "local transformers folder" in why
+
+
 def test_one_stalled_first_token_call_does_not_eat_the_runs_decode_time(pair, monkeypatch):
     """A 1 s stall in a first-token call (seen once on a text prompt) must not become that run's TTFT: the TTFT is
     the fastest of `FIRST_TOKEN_CALLS` calls, and the whole call keeps its own time."""

@@ -230,3 +230,20 @@ def test_llama_bench_times_the_target_forward_by_width_and_its_decode_step(targe
     assert set(by) == {("forward", 1), ("forward", 4), ("decode", 4)}
     assert all(r.depth == 32 and r.threads == 2 and len(r.samples_ms) == 2 and r.ms > 0 for r in rows)
     assert "F32" in by["forward", 1].model_type  # the float32 weights of our converted target
+
+
+@pytest.mark.slow
+@needs_llama
+def test_llama_cpps_own_speculation_is_timed_on_its_decode_against_its_own_autoregressive_decoding(target_gguf):
+    from specrepro import bench, models
+
+    tok = models.load_tokenizer(models.TARGET)
+    repeating = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3,"  # greedy copies it on
+    prompts = [tok(p).input_ids for p in (*PROMPTS, repeating)]
+    rows, why = bench.llama_cpp_speculation(models.TARGET, prompts, max_new_tokens=24, threads=2,
+                                            modes={"ngram n=3": bench.LLAMA_SPEC_MODES["ngram-simple 3-gram"]})
+    assert why is None and [r["mode"] for r in rows] == ["ngram n=3"]
+    r = rows[0]
+    assert r["engine"] == "llama.cpp" and r["prompts"] == 5 and r["speedup"] > 0 and r["tokens"] > 0
+    assert r["acceptance"] > 0  # the repeating prompt drafts, and its drafts are right
+    assert r["prefix_match"] > 0.5  # greedy with speculation writes what greedy without it writes, up to near-ties

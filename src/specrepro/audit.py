@@ -60,6 +60,8 @@ class Completion:
     completion_tokens: int
     drafted: int | None = None  # llama.cpp's timings: tokens drafted and accepted in this request
     accepted: int | None = None
+    decode_seconds: float | None = None  # llama.cpp's timings: the server's time generating, the prompt's apart
+    decoded: int | None = None  # and the tokens it generated in that time
 
     @property
     def key(self) -> tuple:
@@ -132,7 +134,9 @@ def parse(out: dict, seconds: float) -> Completion:
                       completion_tokens=int(usage.get("completion_tokens", len(tokens))),
                       # llama.cpp's timings name draft_n only where the request drafted
                       drafted=timings.get("draft_n", 0) if timings else None,
-                      accepted=timings.get("draft_n_accepted", 0) if timings else None)
+                      accepted=timings.get("draft_n_accepted", 0) if timings else None,
+                      decode_seconds=timings["predicted_ms"] / 1e3 if "predicted_ms" in timings else None,
+                      decoded=int(timings["predicted_n"]) if "predicted_n" in timings else None)
 
 
 # ---- 1. the distribution of the first tokens ------------------------------------------------------------------
@@ -326,11 +330,18 @@ class Speed:
         return sum(self.tokens) / sum(self.seconds)
 
 
-def speed(completions: list[Completion]) -> Speed:
+def speed(completions: list[Completion], *, decode: bool = False) -> Speed:
+    """Each request's time and tokens: as the client waited for them, or with `decode` the server's own time
+    generating (llama.cpp's `timings`), the prompt's processing apart, as `bench.summarize` pools our decode time."""
     drafted = [c.drafted for c in completions]
     accepted = [c.accepted for c in completions]
-    return Speed(tuple(c.seconds for c in completions), tuple(c.completion_tokens for c in completions),
-                 sum(drafted) if None not in drafted else None, sum(accepted) if None not in accepted else None)
+    if decode and any(c.decode_seconds is None or c.decoded is None for c in completions):
+        raise ServerError("decode timing needs the server's own timings (llama.cpp's predicted_ms and predicted_n); "
+                          "this server returned none: compare the requests' wall times (decode=False)")
+    seconds = tuple(c.decode_seconds if decode else c.seconds for c in completions)
+    tokens = tuple(c.decoded if decode else c.completion_tokens for c in completions)
+    return Speed(seconds, tokens, sum(drafted) if None not in drafted else None,
+                 sum(accepted) if None not in accepted else None)
 
 
 # ---- what the server honours ---------------------------------------------------------------------------------------
@@ -396,12 +407,13 @@ def concurrency_rows(runs: dict[int, list[Completion]], *, reference: list[Compl
     return summaries, divergences
 
 
-def speed_row(on: list[Completion], off: list[Completion], **labels) -> dict:
+def speed_row(on: list[Completion], off: list[Completion], *, decode: bool = False, **labels) -> dict:
     """Section 3: tokens a second with speculation on over off, pooled over the prompts (each request alone), with
-    its bootstrap interval over prompts, and the share of drafted tokens accepted."""
+    its bootstrap interval over prompts, and the share of drafted tokens accepted. `decode`: over the server's own
+    decode time (`speed`)."""
     from .intervals import speedup_interval
 
-    a, b = speed(off), speed(on)
+    a, b = speed(off, decode=decode), speed(on, decode=decode)
     ci = speedup_interval(a.seconds, a.tokens, b.seconds, b.tokens)
     return labels | dict(prompts=len(on), off_tokens_per_s=a.tokens_per_second, on_tokens_per_s=b.tokens_per_second,
                          speedup=ci.estimate, speedup_lo=ci.lo, speedup_hi=ci.hi,

@@ -520,6 +520,19 @@ def floor_ms(model, context: int, device=None, *, tokens: int = 1, bandwidth: fl
 LLAMA_CPP = "llama.cpp"  # the regime name of llama.cpp's rows in `anchor_table`
 
 
+def _llama_folder(target_name: str):
+    """The local transformers folder llama.cpp's GGUF is converted from, or (None, why not)."""
+    from pathlib import Path
+
+    from . import models
+
+    folder = models.target_dir() if target_name == models.TARGET else Path(target_name)
+    if not (folder / "config.json").exists():
+        return None, (f"the llama.cpp anchor converts the target's weights to GGUF and needs it as a local "
+                      f"transformers folder; {target_name!r} is not one")
+    return folder, None
+
+
 def llama_cpp_profile(target_name: str, widths, context: int, *, threads: int, repetitions: int = 5,
                       decode_tokens: int = 32) -> tuple[list, str | None]:
     """llama.cpp's cost profile of the same float32 weights as `target_name` (the built-in target, or a local
@@ -527,20 +540,86 @@ def llama_cpp_profile(target_name: str, widths, context: int, *, threads: int, r
     the weights converted to an F32 GGUF, a forward of each width in `widths` after `context` cached tokens and
     `decode_tokens` decode steps from there. Returns (rows, None), or ([], why) where it cannot run here (no
     compiler, a Hugging Face id), so a notebook states the reason and goes on without the anchor."""
-    from pathlib import Path
+    from . import engines
 
-    from . import engines, models
-
-    folder = models.target_dir() if target_name == models.TARGET else Path(target_name)
-    if not (folder / "config.json").exists():
-        return [], (f"the llama.cpp anchor converts the target's weights to GGUF and needs it as a local transformers "
-                    f"folder; {target_name!r} is not one")
+    folder, why = _llama_folder(target_name)
+    if folder is None:
+        return [], why
     try:
         engines.build()
         return engines.bench(engines.gguf(folder), widths, depth=context, decode_tokens=decode_tokens,
                              threads=threads, repetitions=repetitions), None
     except engines.EngineUnavailable as e:
         return [], f"llama.cpp is unavailable here: {e}"
+
+
+# llama.cpp's n-gram speculation (llama-server's --spec-type), each at its own defaults; "3-gram" matches the lookup
+# length of our prompt-lookup draft (drafts.PromptLookupDraft's max_ngram)
+LLAMA_SPEC_MODES = {
+    "ngram-simple 3-gram": ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3"),
+    "ngram-simple": ("--spec-type", "ngram-simple"),
+    "ngram-map-k": ("--spec-type", "ngram-map-k"),
+    "ngram-mod": ("--spec-type", "ngram-mod"),
+}
+
+
+def llama_cpp_speculation(target_name: str, prompts: list[list[int]], *, max_new_tokens: int, threads: int,
+                          modes: dict[str, tuple[str, ...]] | None = None, warmup_tokens: int = 8
+                          ) -> tuple[list[dict], str | None]:
+    """llama.cpp's own speculative decoding on our prompts, each mode against llama.cpp's own autoregressive
+    decoding: one `llama-server` per mode of `modes` (default `LLAMA_SPEC_MODES`) and one with speculation off, on
+    the F32 GGUF of `target_name`'s weights with `threads` threads, greedy, one request at a time, interleaved
+    prompt by prompt (drift on a shared machine falls on every mode alike), after a warm-up request each.
+
+    One row per mode (`audit.speed_row` over the server's own decode time, the prompt's processing apart, as
+    `summarize` pools ours): the speedup with its bootstrap interval over prompts, the share of drafted tokens
+    accepted, and how many outputs equal speculation off's (`identical`, `prefix_match`). Returns (rows, None), or
+    ([], why) where llama.cpp cannot run here."""
+    from . import audit, engines
+
+    modes = dict(LLAMA_SPEC_MODES if modes is None else modes)
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("give one or more non-empty prompts (lists of token ids)")
+    if "off" in modes:
+        raise ValueError('"off" names the server without speculation; give the modes other names')
+    folder, why = _llama_folder(target_name)
+    if folder is None:
+        return [], why
+    try:
+        engines.build()
+        model = engines.gguf(folder)
+        with contextlib.ExitStack() as stack:
+            clients = {name: audit.Client(stack.enter_context(
+                engines.LlamaServer(model, spec=list(args), threads=threads)).url)
+                for name, args in {"off": (), **modes}.items()}
+            for client in clients.values():
+                client.complete(prompts[0], max_tokens=warmup_tokens)
+            out = {name: [] for name in clients}
+            for p in prompts:
+                for name, client in clients.items():
+                    out[name].append(client.complete(list(p), max_tokens=max_new_tokens))
+    except engines.EngineUnavailable as e:
+        return [], f"llama.cpp is unavailable here: {e}"
+    rows = []
+    for name, args in modes.items():
+        match = audit.compare_outputs(out["off"], out[name])
+        rows.append(audit.speed_row(out[name], out["off"], decode=True, engine=LLAMA_CPP, mode=name,
+                                    args=" ".join(args), threads=threads)
+                    | dict(identical=match.exact, prefix_match=match.prefix_match,
+                           tokens=sum(c.decoded for c in out[name])))
+    return rows, None
+
+
+def speculation_goal(ours: dict, llama_rows: list[dict], *, label: str = "ours") -> dict:
+    """The regime issue's third goal: our speculative speedup over our fastest autoregressive decoding (`ours`, a
+    `summarize` entry) at least llama.cpp's best over its own (`llama_cpp_speculation` rows, on the same prompts).
+    `value` is ours over llama.cpp's best, each point estimate; llama.cpp's best is picked on these same prompts, so
+    it is if anything an overestimate (a bar set high). No llama.cpp rows: value NaN, the goal does not hold."""
+    best = max(llama_rows, key=lambda r: r["speedup"], default=None)
+    value = ours["speedup"] / best["speedup"] if best else float("nan")
+    name = f"llama.cpp's best ({best['mode']}, {best['speedup']:.2f}x)" if best else "llama.cpp's best (not run)"
+    return dict(goal=f"speculative ({label}) over the fastest autoregressive >= {name} over its own",
+                value=value, holds=bool(value >= 1))
 
 
 def anchor_table(regime_ms: dict[str, list[float]], llama_rows: list, floor_ms: dict[int, float]) -> list[dict]:
