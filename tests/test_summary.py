@@ -246,6 +246,12 @@ def test_the_regime_row_sets_ours_beside_llama_cpp_where_07_ran_it(tmp_path):
     ours = regime_row(summary.results(tmp_path))[0]  # two folders, two hosts: each number says where it was measured
     assert "(02, CPU A)" in ours and "(07, CPU B)" in ours
     assert "bfloat16" not in ours  # 07 ran no bfloat16 section there
+    assert "llama.cpp's best" not in ours  # 07 ran no section 2e there
+    m |= dict(speedup=1.1, speedup_lo=1.0, speedup_hi=1.2,
+              llama_cpp_speculation={"speedup": {"ngram-simple": [1.3, 1.1, 1.5], "ngram-mod": [1.4, 1.2, 1.6]}})
+    (tmp_path / "07-regime" / "metrics.json").write_text(json.dumps(m))
+    ours = regime_row(summary.results(tmp_path))[0]
+    assert ("llama.cpp's best (ngram-mod, of 2 modes) 1.40x [1.20, 1.60], ours 1.10x [1.00, 1.20] (07)") in ours
     m["bf16"] = dict(cpu_features=["avx512f", "amx_bf16"], step_x_floor={"eager": 4.4, "compiled": 2.0}, floor_ms=9.2,
                      speedup=1.65, speedup_lo=1.25, speedup_hi=2.35, vs_float32=2.0, vs_float32_lo=1.5,
                      vs_float32_hi=2.6, greedy_identical=18, greedy_prompts=24)

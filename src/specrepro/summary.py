@@ -155,6 +155,12 @@ def _regime(r02, r07):
         ours += (f"; llama.cpp on the same float32 weights, same run: decode step {llama['decode_ms']:.1f} ms, "
                  f"{llama['decode_x_floor']:.2f}x the floor; ours at its fastest "
                  f"{min(x.values()) / llama['decode_x_floor']:.2f}x llama.cpp's (07)")
+    spec = (m.get("llama_cpp_speculation") or {}).get("speedup") or {}
+    if spec and m.get("speedup") is not None:  # each engine's speculation over its own autoregressive decoding
+        mode, (est, lo, hi) = max(spec.items(), key=lambda kv: kv[1][0])
+        ours += (f"; greedy speculation over its own autoregressive decoding, same prompts: llama.cpp's best "
+                 f"({mode}, of {len(spec)} modes) {_ci(est, lo, hi)}, ours "
+                 f"{_ci(m['speedup'], m['speedup_lo'], m['speedup_hi'])} (07)")
     b = m.get("bf16")
     if b:  # bfloat16 copies, where the host computes it natively: their own floor, their own race
         ours += (f"; in bfloat16 ({', '.join(b['cpu_features']) or 'CPU features not recorded'}): decode step "
