@@ -528,7 +528,7 @@ def _llama_folder(target_name: str):
 
     folder = models.target_dir() if target_name == models.TARGET else Path(target_name)
     if not (folder / "config.json").exists():
-        return None, (f"the llama.cpp anchor converts the target's weights to GGUF and needs it as a local "
+        return None, (f"llama.cpp runs the target's weights converted to GGUF and needs them as a local "
                       f"transformers folder; {target_name!r} is not one")
     return folder, None
 
