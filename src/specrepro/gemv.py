@@ -10,14 +10,16 @@ the arithmetic, k multiply-adds per weight, catches up with the memory (the mach
 
 This module compiles that loop once per machine (`torch.utils.cpp_extension.load_inline`, about a minute, cached on
 disk under the extension's name, which carries a hash of the source and of the CPU's instruction-set flags, so
-another host rebuilds) and registers it as the operator `specrepro::few_rows`, with a shape function, so that
-`torch.compile` calls it as an opaque kernel. It takes R weight rows at a time (as many as keep R x N vectors of
-partial sums in registers: 16 with AVX-512, 8 with AVX2, each one register wide), so that each load of x serves R
-rows. The sum over each weight row is split into one register's worth of partial sums (`LANES` = 16 with AVX-512, 8
-with AVX2) added in a fixed order: the result is deterministic on a machine, equal to `F.linear` up to float
-summation order, and the same for a row whatever the other rows are (the batched-equality tests rely on that). An
-AVX2 build (`-march=x86-64-v3`) was checked on the AVX-512 host: the same correctness, and 41 / 38 / 27 GB/s for 1 /
-4 / 8 rows against 42 / 30 / 30 for the native build and 12 / 10 / 10 for torch's product, measured side by side.
+another host rebuilds) and registers it as the CPU implementation of the operator `specrepro::few_rows` (a C++
+kernel behind the dispatcher, with a shape function), so that `torch.compile` calls it as one opaque kernel. It
+takes R weight rows at a time (as many as keep R x N vectors of partial sums in registers: 16 with AVX-512, 8 with
+AVX2, each one register wide), so that each load of x serves R rows. The sum over each weight row is split into
+one register's worth of partial sums (`LANES` = 16 with AVX-512, 8 with AVX2) added in a fixed order: the result is
+deterministic on a machine, equal to `F.linear` up to float summation order, and the same for a row whatever the
+other rows are (the batched-equality tests rely on that). An AVX2 build (`-march=x86-64-v3`) was checked on the
+AVX-512 AMD host: the same correctness, and 41 / 38 / 27 GB/s for 1 / 4 / 8 rows against 42 / 30 / 30 for the
+native build and 12 / 10 / 10 for torch's product, measured side by side. `python -m specrepro.timing` measures
+each kernel's read speed on the target, beside a copy's, on the machine it runs on.
 
 `available()` says whether the operator could be built here (a C++ compiler with OpenMP); `kernels.use_kernel(model,
 "few_rows")` routes a model's linear layers through it, and falls back to the stock product, with a warning naming
@@ -41,8 +43,13 @@ SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 // Software prefetch of the weight row PREFETCH rows ahead: with 4-8 input rows the loop is slow enough that the
-// hardware prefetchers fall behind (measured: 27 -> 33 GB/s at 4 rows, 20 -> 28 at 8; one row unchanged).
+// hardware prefetchers fall behind (measured on the AMD host: 27 -> 33 GB/s at 4 rows, 20 -> 28 at 8; one row
+// unchanged). Into the outer caches (locality 1, prefetcht2), not non-temporally (locality 0, prefetchnta): a
+// block's rows are prefetched a whole block ahead, 18-49 KB for these layers, and on the Intel host a
+// non-temporal line is evicted before its use and read twice (measured there: 9-10 GB/s at 1-8 rows with
+// prefetchnta, 21-27 with prefetcht2).
 #define PREFETCH 8
+#define PREFETCH_LOCALITY 1
 
 // The partial sums are GCC vectors of the machine's register width, VW floats (16 with AVX-512, 8 otherwise; a
 // vector wider than a register is spilled by GCC, measured at a third of the speed), and R weight rows x N input
@@ -83,7 +90,7 @@ static inline void block(const float* __restrict w, const float* __restrict x, c
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const vec wv = loadv(w + (o + r) * in + i);
-      __builtin_prefetch(w + (o + r + PREFETCH) * in + i, 0, 0);  // past the end: a hint, never a fault
+      __builtin_prefetch(w + (o + r + PREFETCH) * in + i, 0, PREFETCH_LOCALITY);  // past the end: never a fault
 #pragma GCC unroll 8
       for (int n = 0; n < N; ++n) acc[r][n] += wv * xv[n];
     }
@@ -115,7 +122,7 @@ static void few_rows_kernel(const float* __restrict w, const float* __restrict x
   });
 }
 
-torch::Tensor few_rows(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
+torch::Tensor few_rows(const torch::Tensor& x, const torch::Tensor& w, const c10::optional<torch::Tensor>& bias) {
   TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "few_rows: CPU tensors only");
   TORCH_CHECK(x.dtype() == torch::kFloat32 && w.dtype() == torch::kFloat32, "few_rows: float32 only");
   TORCH_CHECK(!bias.has_value() || (bias->device().is_cpu() && bias->dtype() == torch::kFloat32 &&
@@ -143,6 +150,10 @@ torch::Tensor few_rows(torch::Tensor x, torch::Tensor w, c10::optional<torch::Te
   }
   return y;
 }
+
+// The CPU kernel of the operator `specrepro::few_rows` (its schema is defined in Python, `gemv._LIB`): called through
+// the dispatcher in C++, so a compiled graph pays ~1 us per call, not the ~9 us of a Python custom op.
+TORCH_LIBRARY_IMPL(specrepro, CPU, m) { m.impl("few_rows", &few_rows); }
 """
 
 
@@ -208,17 +219,28 @@ def build_error() -> str | None:
         if isinstance(built, Exception) else None
 
 
-@torch.library.custom_op("specrepro::few_rows", mutates_args=())
+_LIB = torch.library.Library("specrepro", "FRAGMENT")  # kept alive: the operator lives as long as the module
+_LIB.define("few_rows(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor")
+
+
 def few_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x (N, in) float32, N in 1..`MAX_ROWS`, weight (out, in), bias (out,) or None -> (N, out) on the CPU."""
+    """x (N, in) float32, N in 1..`MAX_ROWS`, weight (out, in), bias (out,) or None -> (N, out) on the CPU.
+
+    Eager callers come here: the built function, called directly (under a microsecond of overhead; a linear layer of
+    the target is called ~200 times per decode step). A compiled graph calls the operator
+    `torch.ops.specrepro.few_rows` instead (`kernels.FewRowsLinear`), the same C++ function through the dispatcher."""
     built = _build()
     if isinstance(built, Exception):
         raise RuntimeError(f"the few-row kernel could not be built here ({build_error()}); use the stock kernel")
     return built.few_rows(x, weight, bias)
 
 
-@few_rows.register_fake
+@torch.library.register_fake("specrepro::few_rows", lib=_LIB)
 def _(x, weight, bias=None):
+    """The operator's output shape, for tracing. It also builds the kernel, which registers the operator's CPU
+    implementation: a graph traced here never runs into an operator without one."""
+    if isinstance(_build(), Exception):
+        raise RuntimeError(f"the few-row kernel could not be built here ({build_error()}); use the stock kernel")
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 

@@ -59,7 +59,10 @@ class FewRowsLinear(nn.Linear):
         if grad or x.device.type != "cpu" or x.dtype != torch.float32 or self.weight.dtype != torch.float32 \
                 or not 0 < rows <= gemv.MAX_ROWS:
             return F.linear(x, self.weight, self.bias)
-        y = gemv.few_rows(x.reshape(rows, x.shape[-1]), self.weight, self.bias)
+        x2 = x.reshape(rows, x.shape[-1])
+        # traced: the operator (one node of the graph); eager: the built function itself, without the dispatcher
+        y = torch.ops.specrepro.few_rows.default(x2, self.weight, self.bias) if torch.compiler.is_compiling() \
+            else gemv.few_rows(x2, self.weight, self.bias)
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
