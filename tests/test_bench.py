@@ -144,6 +144,41 @@ def test_sweep_row_sets_the_measured_speedup_beside_the_models():
         bench.sweep_row(brief, 2, draft_ms_per_token=20.0, verify_steps=[1.0, 1.2, 1.5])
 
 
+def _k_runs(gamma: int, accepted: list[int]) -> list:
+    """Runs at `gamma` with the given accepted counts per iteration: the decode step 125 ms, the draft 7.8125 ms per
+    proposed token (c = 1/16), all binary-exact."""
+    from specrepro.generate import GenerationStats
+
+    n = len(accepted)
+    ar = GenerationStats(prompt_len=1, new_tokens=11, iteration_seconds=[0.25] + [0.125] * 10)
+    sp = GenerationStats(prompt_len=1, new_tokens=11, proposed=[gamma] * n, accepted=accepted,
+                         iteration_seconds=[0.5] * n, draft_seconds=[gamma * 0.0078125] * n,
+                         target_seconds=[0.125] * n)
+    return [_run("autoregressive", 0, 1.5, 0.25, 11, ar), _run("speculative", 0, 0.5 * n, 0.25, 11, sp)]
+
+
+def test_k_then_model_pick_runs_the_models_gamma_only_where_it_differs_from_k():
+    calls = []
+
+    def high(g):  # alpha 13/14 at every gamma the runs see (3 full acceptances, then 1 of 2 tested)
+        calls.append(g)
+        return _k_runs(g, [g, g, g, 1])
+
+    rows = bench.at_k_then_model_pick(high, 4)
+    assert calls == [4, 15] == [r["gamma"] for r in rows]  # Thm 3.8 at alpha 13/14, c = 1/16, gamma <= 16: 15
+    assert [r["chosen_by"] for r in rows] == ["K", bench.MODEL_PICK]
+    assert rows[0]["alpha"] == 13 / 14 and rows[0]["c"] == 1 / 16 and rows[0]["picked"] == 15
+    assert rows[0]["costs"].step_ms == 125.0 and rows[1]["runs"][1].stats.proposed[0] == 15
+    # contrary data: alpha 3/5 at the same c puts the model's gamma at K itself, so K is the only run
+    calls.clear()
+    rows = bench.at_k_then_model_pick(lambda g: calls.append(g) or _k_runs(g, [3, 0]), 4)
+    assert calls == [4] and rows[0]["alpha"] == 0.6 and rows[0]["picked"] == 4
+    # the cap on gamma holds, and nonsense is refused
+    assert bench.at_k_then_model_pick(high, 4, max_gamma=6)[1]["gamma"] == 6
+    with pytest.raises(ValueError, match="K and max_gamma must be >= 1"):
+        bench.at_k_then_model_pick(high, 0)
+
+
 def test_fastest_takes_each_method_at_its_fastest_kernel():
     runs = [bench.Run("autoregressive", p, 0, secs, 0.0, 11, kernel=k) for p in range(2)
             for k, secs in (("stock", 1.0), ("small_row", 2.0))]

@@ -400,6 +400,35 @@ def sweep_row(runs: list[Run], gamma: int, *, draft_ms_per_token: float, verify_
                 c_in_run=costs.draft_ms / costs.step_ms)
 
 
+MODEL_PICK = "the walltime model (Thm 3.8) at the K run's alpha and c"  # `at_k_then_model_pick`'s second row
+
+
+def at_k_then_model_pick(run_at, k: int, *, max_gamma: int = 16) -> list[dict]:
+    """Speculative decoding at a fixed K (Chen et al.'s Table 1 used 4), then at the gamma the walltime model picks
+    from that run's own measurements, where it differs from K: `theory.optimal_gamma` (Thm 3.8) at the K run's
+    pooled alpha (capped at 0.99) and its draft cost c = draft_ms / step_ms, both timed inside the runs
+    (`walltime.iteration_costs`). The second gamma is a prediction from the first run, not the better of measured
+    runs, so it carries no winner's curse of its own.
+
+    run_at(g) runs autoregressive and speculative decoding at gamma g and returns their runs at each method's fastest
+    configuration (`fastest`). Returns one dict per gamma run, K first: gamma, chosen_by ("K" or `MODEL_PICK`),
+    runs (run_at's list), alpha, costs (`walltime.IterationCosts`), c, and picked (the model's gamma at this run's
+    alpha and c)."""
+    if k < 1 or max_gamma < 1:
+        raise ValueError(f"K and max_gamma must be >= 1, got K={k}, max_gamma={max_gamma}")
+    out, g = [], k
+    while g is not None:
+        runs = run_at(g)
+        alpha = pooled_alpha(r.stats for r in runs if r.method == "speculative" and r.stats is not None)
+        costs = walltime.iteration_costs(runs)
+        c = costs.draft_ms / costs.step_ms
+        picked = theory.optimal_gamma(min(alpha, 0.99), c, max_gamma=max_gamma)
+        out.append(dict(gamma=g, chosen_by="K" if g == k else MODEL_PICK, runs=runs, alpha=alpha, costs=costs, c=c,
+                        picked=picked))
+        g = picked if g == k and picked != k else None
+    return out
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m specrepro.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
