@@ -45,9 +45,9 @@ SOURCE = r"""
 // Software prefetch of the weight row PREFETCH rows ahead: with 4-8 input rows the loop is slow enough that the
 // hardware prefetchers fall behind (measured on the AMD host: 27 -> 33 GB/s at 4 rows, 20 -> 28 at 8; one row
 // unchanged). Into the outer caches (locality 1, prefetcht2), not non-temporally (locality 0, prefetchnta): a
-// block's rows are prefetched a whole block ahead, 18-49 KB for these layers, and on the Intel host a
-// non-temporal line is evicted before its use and read twice (measured there: 9-10 GB/s at 1-8 rows with
-// prefetchnta, 21-27 with prefetcht2).
+// block's rows are prefetched a whole block ahead, 18-49 KB for these layers, and on the Intel host
+// prefetchnta read the weights at 9-10 GB/s for 1-8 rows, prefetcht2 at 19-24 (python -m specrepro.timing at
+// 8a6f1e8 and ca2eaab; likely a non-temporal line evicted before its use, so read twice, not measured).
 #define PREFETCH 8
 #define PREFETCH_LOCALITY 1
 

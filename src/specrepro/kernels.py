@@ -2,11 +2,12 @@
 
 Speculative decoding pays off when a verification forward of gamma+1 tokens costs about one decode step, which holds
 when decoding is memory-bound: the weights are read once whatever the number of rows. The torch 2.13 CPU wheel does
-not run these products that way. On the CPUs this package was built on (2-core AMD EPYC and Intel hosts), one row
-through `F.linear` reads the weights at 11-15 GB/s against a copy at ~39 GB/s, and 2-3 rows took 2-3x the time of one
-row, as if the weights were read once per row (03-latency section 0 and 07-regime section 1 measure this on the
-machine they run on). Three kernels, switched per model with `use_kernel`, so that every method can be timed with
-each and compared at its fastest:
+not run these products that way. On the 2-core AMD EPYC hosts this package was built on, one row through `F.linear`
+reads the weights at 11-15 GB/s against a copy at ~39 GB/s, and 2-3 rows took 2-3x the time of one row, as if the
+weights were read once per row; on the 2-core Intel Xeon host one row reads at ~25 GB/s, about a copy's speed, but 4
+and 8 rows at 15 and 12 GB/s (`python -m specrepro.timing` at ca2eaab; 03-latency section 0 and 07-regime section 1
+measure this on the machine they run on). Three kernels, switched per model with `use_kernel`, so that every method
+can be timed with each and compared at its fastest:
 
 - "stock": `nn.Linear`, torch's product (MKL or oneDNN on the CPU; cuBLAS on a GPU).
 - "small_row": `SmallRowLinear`, inputs of at most `max_rows` rows computed the other way round, (W @ x^T)^T: the
