@@ -1,6 +1,7 @@
 """The timing helpers: every call timed once, results as data (no speed is asserted: the machine is shared)."""
 
 import pytest
+import torch
 
 from specrepro import timing
 from specrepro.tiny import tiny_target
@@ -96,3 +97,19 @@ def test_cpu_features_and_native_bf16_read_the_flags(tmp_path):
     assert timing.native_bf16("cpu", timing.cpu_features(xeon))
     assert timing.native_bf16("cpu", ["avx512f", "avx512_bf16"]) and not timing.native_bf16("cpu", ["avx512f"])
     assert not timing.native_bf16("meta", ["amx_bf16"])
+
+
+def test_op_profile_splits_a_calls_time_by_operator_and_keeps_the_rest_in_one_row():
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+
+    def fn():
+        return torch.relu(a @ b).sum() + torch.tanh(a).mean()
+
+    rows = timing.op_profile(fn, repeats=4, top=2)
+    assert len(rows) == 3 and rows[-1]["op"] == "other"
+    assert sum(r["share"] for r in rows) == pytest.approx(1.0)
+    assert rows[0]["ms"] >= rows[1]["ms"] and all(r["ms"] >= 0 for r in rows)
+    every = {r["op"]: r for r in timing.op_profile(fn, repeats=4, top=50)}
+    assert every["aten::mm"]["calls"] == 1 and every["aten::tanh"]["calls"] == 1  # per call of fn, not in all
+    with pytest.raises(ValueError, match="repeats and top must be >= 1"):
+        timing.op_profile(fn, repeats=0)

@@ -201,3 +201,15 @@ def test_what_stops_measures_against_the_baseline_given_and_sets_every_verificat
     assert as_measured["verify_steps"] == pytest.approx(45 / 25)
     one = rows["verification at one decode step"]  # both lengths at the baseline's 25 ms
     assert one["speedup"] == pytest.approx((50 + 50 * 1.875) / 100)
+
+
+def test_step_profile_times_and_profiles_one_static_cache_forward():
+    target, _ = tiny_pair(32, seed=3)
+    out = walltime.step_profile(target, 12, tokens=3, compile="eager", repeats=3, top=50)
+    assert out["ms"] > 0 and sum(r["share"] for r in out["rows"]) == pytest.approx(1.0)
+    ops = {r["op"] for r in out["rows"]}
+    assert "aten::addmm" in ops or "aten::mm" in ops or "aten::linear" in ops  # the linear layers ran
+    with pytest.raises(ValueError, match="profiles the static-cache path"):
+        walltime.step_profile(target, 12, compile=False)
+    with pytest.raises(ValueError, match="context and tokens must be >= 1"):
+        walltime.step_profile(target, 0, compile="eager")

@@ -119,6 +119,29 @@ def forward_seconds(model, prefix_len: int, new_tokens: int, *, repeats: int = 5
     return statistics.median(times[1:])
 
 
+def op_profile(fn: Callable[[], object], *, repeats: int = 10, top: int = 12) -> list[dict]:
+    """Where the time of `fn()` goes, by operator: `fn` run `repeats` times under torch's profiler (after one
+    unprofiled warm-up call). One dict per operator, the `top` largest by self time, then one row "other" for the
+    rest: `op`, `ms` (self time per call of fn), `calls` (per call of fn) and `share` of the profiled time. Self
+    times leave each operator's children out, so the rows add up to the whole; a compiled graph appears as its own
+    row (inductor's fused kernels and its Python wrapper) beside the opaque operators it calls. The profiler adds a
+    little time per operator, so read shares and large rows, not a total to compare with an unprofiled timing."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if repeats < 1 or top < 1:
+        raise ValueError(f"repeats and top must be >= 1, got repeats={repeats}, top={top}")
+    fn()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(repeats):
+            fn()
+    events = sorted(((e.key, e.self_cpu_time_total, e.count) for e in prof.key_averages()), key=lambda e: -e[1])
+    total = sum(t for _, t, _ in events) or 1.0
+    groups = [(k, t, c) for k, t, c in events[:top]]
+    if events[top:]:
+        groups.append(("other", sum(t for _, t, _ in events[top:]), sum(c for *_, c in events[top:])))
+    return [dict(op=k, ms=t / 1e3 / repeats, calls=c / repeats, share=t / total) for k, t, c in groups]
+
+
 ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")  # what sets a CPU's kernels
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # a CPU that reports one of these computes bfloat16 products natively
 

@@ -20,7 +20,7 @@ from . import theory
 from .compiled import StaticCachedModel, as_config, slots_needed
 from .generate import autoregressive_generate, pooled_alpha
 from .protocol import feature_layers
-from .timing import forward_seconds, timed
+from .timing import forward_seconds, op_profile, timed
 
 
 @dataclass(frozen=True)
@@ -216,6 +216,35 @@ def verify_ms(target, context: int, gamma: int, device=None, *, compile=False, p
     return out
 
 
+def step_profile(target, context: int, *, tokens: int = 1, compile=True, repeats: int = 10, top: int = 12,
+                 device=None) -> dict:
+    """Where a forward of `tokens` tokens after `context` cached ones spends its time on the static-cache path
+    (`compile` as the loops take it: True, a mode name of `compiled.MODES` or a `CompileConfig`; mode "eager" runs
+    the same path uncompiled). Returns `ms` (the median of `repeats` unprofiled forwards, after a warm-up that
+    compiles) and `rows` (`timing.op_profile` of the same forward: self time per operator). The linear layers'
+    kernel is the model's own (`kernels.use_kernel` before the call)."""
+    config = as_config(compile)
+    if config is None:
+        raise ValueError("step_profile profiles the static-cache path: pass compile=True, a mode name, or "
+                         "compile='eager' for that path uncompiled")
+    if context < 1 or tokens < 1:
+        raise ValueError(f"context and tokens must be >= 1, got context={context}, tokens={tokens}")
+    block = max(tokens, 2)
+    m = StaticCachedModel(target, "target", [], block=block, slots=config.slots or slots_needed(context, 0, block),
+                          mode=config.mode)
+    ids = torch.randint(target.config.vocab_size, (context + tokens,), generator=torch.Generator().manual_seed(0))
+    m.feed([ids[:context].tolist()], 1)
+    new = ids[context:].tolist()
+
+    def forward():
+        m.feed([new], tokens)
+        m.keep([context])
+
+    forward()  # compiles
+    times = [timed(forward, device)[0] for _ in range(repeats)]
+    return dict(ms=1e3 * statistics.median(times), rows=op_profile(forward, repeats=repeats, top=top))
+
+
 def proposal_lengths(runs: list) -> list[int]:
     """Every iteration's proposal length over the speculative runs."""
     return [g for r in runs if r.proposed for g in r.proposed]
@@ -271,3 +300,35 @@ def drafting_seconds(draft, prompt: torch.Tensor, n: int = 16) -> float:
         dt, logits = timed(lambda ids=nxt, c=cache: model_forward(draft, ids, c, logits_to_keep=1).logits, dev)
         total += dt
     return total / (n - 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m specrepro.walltime: where the target's compiled decode step spends its time, on this machine."""
+    import argparse
+
+    from .compiled import MODES
+    from .kernels import KERNELS, use_kernel
+    from .models import load_target
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--target", default="smollm2-135m-instruct", help="built-in target, a Hugging Face id or a folder")
+    ap.add_argument("--kernel", default="few_rows", choices=KERNELS, help="the linear layers' kernel")
+    ap.add_argument("--mode", default="max-autotune", choices=sorted(MODES), help="torch.compile mode")
+    ap.add_argument("--context", type=int, default=256, help="cached tokens before the profiled forward")
+    ap.add_argument("--tokens", type=int, default=1, help="tokens per forward (1: a decode step)")
+    ap.add_argument("--repeats", type=int, default=10, help="forwards timed, and forwards profiled")
+    ap.add_argument("--top", type=int, default=12, help="operators listed; the rest in one row")
+    args = ap.parse_args(argv)
+    target = load_target(args.target)
+    use_kernel(target, args.kernel)
+    out = step_profile(target, args.context, tokens=args.tokens, compile=args.mode, repeats=args.repeats,
+                       top=args.top)
+    print(f"{args.target}: a forward of {args.tokens} token(s) after {args.context} cached, kernel {args.kernel}, "
+          f"mode {args.mode}, {torch.get_num_threads()} threads: {out['ms']:.2f} ms (median of {args.repeats})")
+    for r in out["rows"]:
+        print(f"  {r['ms']:8.3f} ms  {r['share']:6.1%}  {r['calls']:7.1f} calls  {r['op'][:90]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
