@@ -193,6 +193,9 @@ def test_the_avx2_build_is_correct_too():
             y = avx2.few_rows(x, w, b)
             assert torch.allclose(y, torch.nn.functional.linear(x, w, b), atol=1e-5, rtol=1e-5)
             assert all(torch.equal(y[n], avx2.few_rows(x[n:n + 1], w, b)[0]) for n in range(rows))
+    # the operator keeps the native build's kernel: loading another build does not replace it for the process
+    w, b, x = torch.randn(64, 16 * 7 + 3), torch.randn(64), torch.randn(4, 16 * 7 + 3)
+    assert torch.equal(torch.ops.specrepro.few_rows.default(x, w, b), gemv.few_rows(x, w, b))
 
 
 @needs_compiler

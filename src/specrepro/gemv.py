@@ -152,8 +152,12 @@ torch::Tensor few_rows(const torch::Tensor& x, const torch::Tensor& w, const c10
 }
 
 // The CPU kernel of the operator `specrepro::few_rows` (its schema is defined in Python, `gemv._LIB`): called through
-// the dispatcher in C++, so a compiled graph pays ~1 us per call, not the ~9 us of a Python custom op.
+// the dispatcher in C++, so a compiled graph pays ~1 us per call, not the ~9 us of a Python custom op. Only the
+// native build registers it (`build_for` defines SPECREPRO_NO_REGISTER for the others): a second registration
+// would replace the operator's kernel for the rest of the process.
+#ifndef SPECREPRO_NO_REGISTER
 TORCH_LIBRARY_IMPL(specrepro, CPU, m) { m.impl("few_rows", &few_rows); }
+#endif
 """
 
 
@@ -191,11 +195,14 @@ def _build():
 
 
 def build_for(march: str):
-    """The extension compiled for `-march=march` ("native" is what `few_rows` uses; e.g. "x86-64-v3", AVX2 without
-    AVX-512, lets an AVX-512 machine test the code path of an AVX2 one). Raises where it cannot be built."""
+    """The extension compiled for `-march=march` ("native" is what `few_rows` uses and the one that implements the
+    operator; e.g. "x86-64-v3", AVX2 without AVX-512, lets an AVX-512 machine test the code path of an AVX2 one
+    through the module's own `few_rows`). Raises where it cannot be built."""
     from torch.utils import cpp_extension
 
     flags = [f if not f.startswith("-march=") else f"-march={march}" for f in _CFLAGS]
+    if march != "native":  # the operator keeps the native build's kernel; this one is called directly
+        flags.append("-DSPECREPRO_NO_REGISTER")
     name = extension_name() if march == "native" else f"{extension_name()}_{march.replace('-', '_')}"
     return cpp_extension.load_inline(name=name, cpp_sources=SOURCE, functions=["few_rows"], extra_cflags=flags,
                                      extra_ldflags=["-fopenmp"], verbose=False)
