@@ -198,3 +198,14 @@ def test_grouped_query_attention_leaves_a_position_bias_to_transformers():
     got, _ = compiled._sdpa_gqa(module, query, key, value, None, position_bias=bias)
     assert torch.equal(got, want)
     assert not torch.allclose(got, compiled._sdpa_gqa(module, query, key, value, None)[0])
+
+
+@pytest.mark.compiles
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a fallback to eager would pass unseen otherwise
+def test_the_cpp_wrapper_mode_gives_the_eager_paths_tokens():
+    """`max-autotune-cpp` (inductor's C++ wrapper around the same kernels) decodes what the eager path decodes."""
+    target, draft = tiny_pair(64, seed=4, dtype=torch.float32)
+    ref = speculative_generate(target, draft, PROMPTS[0], gamma=2, max_new_tokens=12, temperature=0.0)
+    got = speculative_generate(target, draft, PROMPTS[0], gamma=2, max_new_tokens=12, temperature=0.0,
+                               compile="max-autotune-cpp")
+    assert torch.equal(got.sequences, ref.sequences)

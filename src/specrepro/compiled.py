@@ -24,7 +24,10 @@ overhead; 07-regime section 1 times every kernel eagerly and compiled against th
 on. For torch's product the fastest mode we found is max-autotune with freezing (the weights become constants, which
 lets inductor use its own few-row GEMM instead of MKL's):
 compiling one graph takes from under a minute to about three minutes on 2 cores (inductor keeps its autotuning
-results on disk, so a later process compiles faster). `mode="default"` compiles in about a minute and `mode="eager"`
+results on disk, so a later process compiles faster). `mode="max-autotune-cpp"` adds inductor's C++ wrapper (the
+Python that calls the graph's kernels at every step, compiled; a longer compile), an option for long decodes that
+`python -m specrepro.walltime --mode` times against the others; no notebook races it yet. `mode="default"` compiles
+in about a minute and `mode="eager"`
 runs the same static-cache bookkeeping uncompiled (tests, debugging, and the fallback where compilation fails).
 On a GPU, `mode="reduce-overhead"` adds CUDA graphs.
 
@@ -59,6 +62,10 @@ SLOT_BUCKET = 256  # static caches hold a multiple of this many slots
 # but runs them uncompiled (a fast check of the caching, for tests); "eager" does not trace at all.
 MODES = {
     "max-autotune": {"options": {"max_autotune": True, "coordinate_descent_tuning": True, "freezing": True}},
+    # the same graph with inductor's C++ wrapper: the per-step Python that calls the kernels becomes compiled C++
+    # (longer compiles); `python -m specrepro.walltime --mode max-autotune-cpp` times it against max-autotune
+    "max-autotune-cpp": {"options": {"max_autotune": True, "coordinate_descent_tuning": True, "freezing": True,
+                                     "cpp_wrapper": True}},
     "default": {"options": {"freezing": True}},
     "reduce-overhead": {"options": {"triton.cudagraphs": True, "freezing": True}},
     "dynamo": {"backend": "eager"},
