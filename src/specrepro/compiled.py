@@ -60,12 +60,12 @@ SLOT_BUCKET = 256  # static caches hold a multiple of this many slots
 # plus freezing, which folds the weights in as constants (needed on the CPU for inductor's own GEMM template,
 # harmless elsewhere; `options=` and `mode=` cannot both be given). "dynamo" traces and caches graphs like the others
 # but runs them uncompiled (a fast check of the caching, for tests); "eager" does not trace at all.
+_MAX_AUTOTUNE = {"max_autotune": True, "coordinate_descent_tuning": True, "freezing": True}
 MODES = {
-    "max-autotune": {"options": {"max_autotune": True, "coordinate_descent_tuning": True, "freezing": True}},
+    "max-autotune": {"options": _MAX_AUTOTUNE},
     # the same graph with inductor's C++ wrapper: the per-step Python that calls the kernels becomes compiled C++
     # (longer compiles); `python -m specrepro.walltime --mode max-autotune-cpp` times it against max-autotune
-    "max-autotune-cpp": {"options": {"max_autotune": True, "coordinate_descent_tuning": True, "freezing": True,
-                                     "cpp_wrapper": True}},
+    "max-autotune-cpp": {"options": {**_MAX_AUTOTUNE, "cpp_wrapper": True}},
     "default": {"options": {"freezing": True}},
     "reduce-overhead": {"options": {"triton.cudagraphs": True, "freezing": True}},
     "dynamo": {"backend": "eager"},

@@ -152,7 +152,7 @@ torch::Tensor few_rows(const torch::Tensor& x, const torch::Tensor& w, const c10
 }
 
 // The CPU kernel of the operator `specrepro::few_rows` (its schema is defined in Python, `gemv._LIB`): called through
-// the dispatcher in C++, so a compiled graph pays ~1 us per call, not the ~9 us of a Python custom op. Only the
+// the dispatcher in C++, so a compiled graph skips the Python a `torch.library.custom_op` runs at every call. Only the
 // native build registers it (`build_for` defines SPECREPRO_NO_REGISTER for the others): a second registration
 // would replace the operator's kernel for the rest of the process.
 #ifndef SPECREPRO_NO_REGISTER
@@ -230,24 +230,28 @@ _LIB = torch.library.Library("specrepro", "FRAGMENT")  # kept alive: the operato
 _LIB.define("few_rows(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor")
 
 
-def few_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x (N, in) float32, N in 1..`MAX_ROWS`, weight (out, in), bias (out,) or None -> (N, out) on the CPU.
-
-    Eager callers come here: the built function, called directly (under a microsecond of overhead; a linear layer of
-    the target is called ~200 times per decode step). A compiled graph calls the operator
-    `torch.ops.specrepro.few_rows` instead (`kernels.FewRowsLinear`), the same C++ function through the dispatcher."""
+def _built():
+    """The built extension, or a RuntimeError that says what to do instead."""
     built = _build()
     if isinstance(built, Exception):
         raise RuntimeError(f"the few-row kernel could not be built here ({build_error()}); use the stock kernel")
-    return built.few_rows(x, weight, bias)
+    return built
+
+
+def few_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (N, in) float32, N in 1..`MAX_ROWS`, weight (out, in), bias (out,) or None -> (N, out) on the CPU.
+
+    Eager callers come here: the built function, called directly, without the dispatcher's per-call overhead (a
+    linear layer of the target is called ~200 times per decode step). A compiled graph calls the operator
+    `torch.ops.specrepro.few_rows` instead (`kernels.FewRowsLinear`), the same C++ function through the dispatcher."""
+    return _built().few_rows(x, weight, bias)
 
 
 @torch.library.register_fake("specrepro::few_rows", lib=_LIB)
 def _(x, weight, bias=None):
     """The operator's output shape, for tracing. It also builds the kernel, which registers the operator's CPU
     implementation: a graph traced here never runs into an operator without one."""
-    if isinstance(_build(), Exception):
-        raise RuntimeError(f"the few-row kernel could not be built here ({build_error()}); use the stock kernel")
+    _built()
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 

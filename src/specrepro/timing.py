@@ -136,7 +136,7 @@ def op_profile(fn: Callable[[], object], *, repeats: int = 10, top: int = 12) ->
             fn()
     events = sorted(((e.key, e.self_cpu_time_total, e.count) for e in prof.key_averages()), key=lambda e: -e[1])
     total = sum(t for _, t, _ in events) or 1.0
-    groups = [(k, t, c) for k, t, c in events[:top]]
+    groups = events[:top]
     if events[top:]:
         groups.append(("other", sum(t for _, t, _ in events[top:]), sum(c for *_, c in events[top:])))
     return [dict(op=k, ms=t / 1e3 / repeats, calls=c / repeats, share=t / total) for k, t, c in groups]

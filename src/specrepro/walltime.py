@@ -308,10 +308,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from .compiled import MODES
     from .kernels import KERNELS, use_kernel
-    from .models import load_target
+    from .models import TARGET, load_target
 
     ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("--target", default="smollm2-135m-instruct", help="built-in target, a Hugging Face id or a folder")
+    ap.add_argument("--target", default=TARGET, help="built-in target, a Hugging Face id or a folder")
     ap.add_argument("--kernel", default="few_rows", choices=KERNELS, help="the linear layers' kernel")
     ap.add_argument("--mode", default="max-autotune", choices=sorted(MODES), help="torch.compile mode")
     ap.add_argument("--context", type=int, default=256, help="cached tokens before the profiled forward")
