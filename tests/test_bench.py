@@ -211,6 +211,37 @@ def test_run_bench_runs_every_kernel_on_every_prompt(pair):
                         kernels=("fast",))
 
 
+def test_run_bench_runs_each_method_with_its_own_kernel_when_given_a_mapping(pair):
+    """A {method: kernel} mapping (an earlier race's picks) runs each method once per prompt, with its own kernel
+    switched in before it: the same tokens as the race, half the runs; a method without a kernel, an unknown kernel
+    and runs with several kernels per method are refused."""
+    from specrepro.kernels import SmallRowLinear, use_kernel
+
+    target, draft = pair
+    prompts = [torch.tensor([[1, 2, 3]]), torch.tensor([[4, 5]])]
+    race = bench.run_bench(target, draft, prompts, gamma=2, max_new_tokens=6, warmup=False,
+                           methods=("autoregressive", "speculative"), kernels=("stock", "small_row"))
+    picks = {"autoregressive": "small_row", "speculative": "stock"}
+    runs = bench.run_bench(target, draft, prompts, gamma=2, max_new_tokens=6, warmup=True,
+                           methods=("autoregressive", "speculative"), kernels=picks)
+    assert [(r.prompt, r.method, r.kernel) for r in runs] == [
+        (p, m, picks[m]) for p in range(2) for m in ("autoregressive", "speculative")]
+    assert bench.kernels_of(runs) == picks
+    race_out = {(r.prompt, r.method, r.kernel): r.output for r in race}
+    assert all(r.output == race_out[r.prompt, r.method, r.kernel] for r in runs)
+    assert not isinstance(target.lm_head, SmallRowLinear)  # the last method's kernel (speculative: stock)
+    with pytest.raises(ValueError, match="several configurations"):
+        bench.kernels_of(race)
+    with pytest.raises(ValueError, match=r"no configuration for \['speculative'\]"):
+        bench.run_bench(target, draft, prompts[:1], gamma=2, max_new_tokens=2, warmup=False,
+                        methods=("autoregressive", "speculative"), kernels={"autoregressive": "stock"})
+    with pytest.raises(ValueError, match="unknown configuration"):
+        bench.run_bench(target, draft, prompts[:1], gamma=2, max_new_tokens=2, warmup=False,
+                        methods=("autoregressive",), kernels={"autoregressive": "fast"})
+    use_kernel(target, "stock")
+    use_kernel(draft, "stock")
+
+
 @pytest.mark.compiles
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # our compiled path must not fall back to eager unseen
 @pytest.mark.parametrize("compiled", [bench.COMPILED, bench.COMPILED_FEW_ROWS])

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import math
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -200,13 +200,16 @@ WARMUP_TOKENS = 16
 def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new_tokens: int,
               temperature: float = 0.0, top_k=None, top_p=None, eos_token_id=None, repeats: int = 1,
               methods=METHODS, seed: int = 0, device=None, warmup: bool = True,
-              kernels: tuple[str, ...] = (), compile_mode: str = "max-autotune", hf_draft=None) -> list[Run]:
+              kernels: tuple[str, ...] | Mapping[str, str] = (), compile_mode: str = "max-autotune",
+              hf_draft=None) -> list[Run]:
     """Time each method on each prompt, interleaved; `repeats` rounds. HF methods need a transformers draft:
     `hf_draft` (default `draft`) is the one transformers' assisted generation runs, so that ours can run a draft
     transformers cannot (one that reads the target's features) beside transformers' best one.
 
     `kernels`: configurations from `CONFIGS`; each prompt is then run with every one in turn, so that each method
-    can be compared at its fastest configuration, side by side (`fastest`). A `kernels.KERNELS` name switches the
+    can be compared at its fastest configuration, side by side (`fastest`). A mapping {method: configuration} (e.g.
+    `kernels_of(fastest(runs))` of an earlier race) runs each method with its own configuration only, switched
+    before each of its runs: half the time of racing two configurations again. A `kernels.KERNELS` name switches the
     linear layers of the target and of a model draft; `COMPILED` (`COMPILED_FEW_ROWS`) runs the stock (few-row)
     layers through the compiled static-cache paths in `compile_mode`: ours (`compile=`) and transformers' plain
     generate() (`hf_generate(compile=)`), all on one static cache size that fits every prompt, so that each graph
@@ -236,27 +239,37 @@ def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new
         return hf_generate(target, ids, max_new_tokens=n, assistant=assistant, gamma=fixed, generator=g, compile=c,
                            **sample)
 
+    configured = [None]
+
     def configure(config):
-        if config:
+        if config and config != configured[0]:
             for model in {id(m): m for m in (target, draft, hf_draft)}.values():  # each model once
                 use_kernel(model, linear_kernel(config))
+            configured[0] = config
 
-    unknown = set(kernels) - set(CONFIGS)
+    if isinstance(kernels, Mapping):
+        missing = [m for m in methods if m not in kernels]
+        if missing:
+            raise ValueError(f"kernels names no configuration for {missing}; give every method of `methods` one")
+        order = [(kernels[m], m) for m in methods]  # (configuration, method) in the order each prompt runs them
+    else:
+        order = [(k, m) for k in (kernels or ("",)) for m in methods]
+    unknown = {k for k, _ in order if k} - set(CONFIGS)
     if unknown:
         raise ValueError(f"unknown configuration(s) {sorted(unknown)}; choose from {CONFIGS}")
     if warmup:
-        for config, m in itertools.product(kernels or ("",), methods):
+        for config, m in order:
             if not runs_in(config, m):
                 continue
             configure(config)
             call(m, prompts[0], WARMUP_TOKENS, torch.Generator().manual_seed(seed), config)
     runs = []
     for rep in range(repeats):
-        for (i, ids), kernel in itertools.product(enumerate(prompts), kernels or ("",)):
-            configure(kernel)
-            for m in methods:
+        for i, ids in enumerate(prompts):
+            for kernel, m in order:
                 if not runs_in(kernel, m):
                     continue
+                configure(kernel)
                 # defaults bind this iteration's m, ids, i, kernel; the generator is still built inside the timed call
                 ttft = min(timed(lambda m=m, ids=ids, i=i, k=kernel: call(m, ids, 1,
                                                                           torch.Generator().manual_seed(seed + i), k),
@@ -270,6 +283,17 @@ def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new
                                 output=seq[0, ids.shape[1]:].tolist(), stats=getattr(out, "stats", None),
                                 forward_times=log, kernel=kernel))
     return runs
+
+
+def kernels_of(runs: list[Run]) -> dict[str, str]:
+    """Each method's configuration in `runs` ({method: kernel}; one per method, as `fastest` leaves them), to run
+    each method again with its own only (`run_bench(kernels=kernels_of(fastest(runs)))`)."""
+    found = {}
+    for r in runs:
+        if found.setdefault(r.method, r.kernel) != r.kernel:
+            raise ValueError(f"{r.method} ran with several configurations ({found[r.method]!r}, {r.kernel!r}): "
+                             "pick one each first, e.g. with fastest(runs)")
+    return found
 
 
 def fastest(runs: list[Run]) -> list[Run]:
