@@ -204,3 +204,30 @@ def test_size_verdicts_answer_the_question_for_a_family_and_its_contrary():
         S.size_verdicts(table2, grid, runs, [], 2)
     with pytest.raises(ValueError, match=r"\['huge'\] not in the sweep's table at code_T0"):
         S.size_verdicts(table2, grid, runs, ["small", "huge"], 2)
+
+
+def test_sweep_runs_each_method_with_its_own_kernel(monkeypatch):
+    from specrepro.kernels import LINEARS
+
+    target, draft = tiny_pair(16, dtype=torch.float32)
+    prompts = [torch.randint(16, (1, 6), generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    switched, real = [], S.use_kernel
+    monkeypatch.setattr(S, "use_kernel", lambda model, name: switched.append((model, name)) or real(model, name))
+    kernels = {"autoregressive": "stock", "speculative": "small_row"}
+    runs = S.sweep(target, {"d": draft}, prompts, [1, 2], max_new_tokens=6, temperature=0.0, kernels=kernels)
+    assert len(runs) == 6
+    # per prompt: the target (and draft) to stock before its autoregressive run, to small_row before the drafts
+    names = [name for _, name in switched]
+    assert names == ["stock", "stock", "small_row", "small_row"] * 2
+    assert {id(m) for m, _ in switched} == {id(target), id(draft)}
+    assert any(type(m) is LINEARS["small_row"] for m in target.modules())  # left with the speculative kernel
+    # the profile: forwards with the speculative kernel, over the autoregressive kernel's step
+    switched.clear()
+    steps = S.verify_profile(target, 8, 2, kernels)
+    assert len(steps) == 3 and all(s > 0 for s in steps) and [n for _, n in switched] == ["stock", "small_row"]
+    assert len(S.verify_profile(target, 8, 2)) == 3 and S.verify_profile(target, 8, 1)[0] == 1.0
+    for bad, match in (({"autoregressive": "stock"}, "no kernel for"), ({**kernels, "speculative": "fast"}, "unknown")):
+        with pytest.raises(ValueError, match=match):
+            S.sweep(target, {"d": draft}, prompts, [1], max_new_tokens=4, temperature=0.0, kernels=bad)
+        with pytest.raises(ValueError, match=match):
+            S.verify_profile(target, 8, 1, bad)

@@ -27,6 +27,7 @@ the replay asks it at every iteration, as the loop does.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -45,6 +46,7 @@ from .generate import (
     speculative_generate,
     tested,
 )
+from .kernels import KERNELS, use_kernel
 from .sampling import SamplingConfig
 from .timing import timed
 
@@ -231,15 +233,49 @@ def _run(target, draft, ids, *, gamma: int, name: str, prompt: int, **kw) -> Swe
                     list(st.accepted), out.sequences[0, ids.shape[1]:].tolist())
 
 
+METHODS = ("autoregressive", "speculative")  # the keys of `sweep`'s `kernels`
+
+
+def check_kernels(kernels: Mapping[str, str]) -> None:
+    """Raise a ValueError saying what to pass unless `kernels` names a `kernels.KERNELS` entry for each of
+    `METHODS`."""
+    missing = [m for m in METHODS if m not in kernels]
+    unknown = sorted(set(kernels.values()) - set(KERNELS))
+    if missing or unknown:
+        raise ValueError(f"kernels must map each of {METHODS} to one of {KERNELS}; got {dict(kernels)!r}"
+                         + (f" (no kernel for {missing})" if missing else "")
+                         + (f" (unknown {unknown})" if unknown else ""))
+
+
 def sweep(target, drafts: dict, prompts: list[torch.Tensor], gammas: list[int], *, max_new_tokens: int,
-          temperature: float, seed: int = 0, eos_token_id=None, log=None) -> list[SweepRun]:
+          temperature: float, seed: int = 0, eos_token_id=None, log=None,
+          kernels: Mapping[str, str] | None = None) -> list[SweepRun]:
     """Every prompt: autoregressive decoding, then every draft at every gamma, timed back to back (drift hits
-    every cell of a prompt alike). Prompt i samples with seed + i in every cell."""
+    every cell of a prompt alike). Prompt i samples with seed + i in every cell.
+
+    kernels: {"autoregressive": kernel, "speculative": kernel} (`kernels.KERNELS` names, e.g. the `ar_kernel` and
+    `spec_kernel` of a `batching.verify_cost` race): the target is switched to the first before each
+    autoregressive run, the target and every model draft to the second before each speculative one (a lens draft
+    shares the target's layers, so the two cannot differ there), outside the timed calls. Each method then runs at
+    its own fastest kernel. None: the models' kernels as they are. The models are left with the speculative
+    kernel."""
     kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, eos_token_id=eos_token_id)
+    if kernels is not None:
+        check_kernels(kernels)
+    current = [None]
+
+    def switch(method):
+        if kernels is not None and kernels[method] != current[0]:
+            for model in {id(m): m for m in (target, *drafts.values())}.values():  # each model once
+                use_kernel(model, kernels[method])
+            current[0] = kernels[method]
+
     runs = []
     for i, ids in enumerate(prompts):
+        switch("autoregressive")
         runs.append(_run(target, None, ids, gamma=0, name="", prompt=i,
                          generator=torch.Generator().manual_seed(seed + i), **kw))
+        switch("speculative")
         for name, draft in drafts.items():
             for g in gammas:
                 runs.append(_run(target, draft, ids, gamma=g, name=name, prompt=i,
@@ -449,9 +485,25 @@ def size_verdicts(table2, grid, runs: dict, family: list[str], gamma: int, *, se
     return out
 
 
-def verify_steps(verify_ms: list[float]) -> list[float]:
-    """`walltime.verify_ms` in 1-token forwards: a forward of g+1 tokens over one of 1 token (the first entry 1)."""
-    return [v / verify_ms[0] for v in verify_ms]
+def verify_steps(verify_ms: list[float], step_ms: float | None = None) -> list[float]:
+    """`walltime.verify_ms` in 1-token forwards: a forward of g+1 tokens over `step_ms`, the autoregressive decode
+    step (default: the first entry, a 1-token forward timed with the same kernel, which then reads 1)."""
+    return [v / (verify_ms[0] if step_ms is None else step_ms) for v in verify_ms]
+
+
+def verify_profile(target, context: int, gamma: int, kernels: Mapping[str, str] | None = None, *,
+                   device=None) -> list[float]:
+    """The verification cost profile `calibrate` and `predict` take: a forward of g+1 tokens (g = 0..gamma) after
+    `context` cached ones, in autoregressive decode steps. With `kernels` (as `sweep` takes them) the forwards run
+    with the speculative kernel and the step with the autoregressive one, as each method runs in the sweep; the
+    target is left with the speculative kernel. None: both with the target's kernel as it is."""
+    if kernels is None:
+        return verify_steps(walltime.verify_ms(target, context, gamma, device=device))
+    check_kernels(kernels)
+    use_kernel(target, kernels["autoregressive"])
+    step = walltime.verify_ms(target, context, 0, device=device)[0]
+    use_kernel(target, kernels["speculative"])
+    return verify_steps(walltime.verify_ms(target, context, gamma, device=device), step)
 
 
 def weights_read(model) -> int:
