@@ -211,23 +211,48 @@ def test_sweep_runs_each_method_with_its_own_kernel(monkeypatch):
 
     target, draft = tiny_pair(16, dtype=torch.float32)
     prompts = [torch.randint(16, (1, 6), generator=torch.Generator().manual_seed(i)) for i in range(2)]
-    switched, real = [], S.use_kernel
-    monkeypatch.setattr(S, "use_kernel", lambda model, name: switched.append((model, name)) or real(model, name))
+    seen, real_run = [], S._run
+
+    def spy(t, d, ids, **kw):  # the linear class each model holds while the run is timed
+        seen.append((kw["gamma"] if d is not None else 0, type(t.lm_head),
+                     None if d is None else type(d.lm_head)))
+        return real_run(t, d, ids, **kw)
+
+    monkeypatch.setattr(S, "_run", spy)
     kernels = {"autoregressive": "stock", "speculative": "small_row"}
     runs = S.sweep(target, {"d": draft}, prompts, [1, 2], max_new_tokens=6, temperature=0.0, kernels=kernels)
-    assert len(runs) == 6
-    # per prompt: the target (and draft) to stock before its autoregressive run, to small_row before the drafts
-    names = [name for _, name in switched]
-    assert names == ["stock", "stock", "small_row", "small_row"] * 2
-    assert {id(m) for m, _ in switched} == {id(target), id(draft)}
-    assert any(type(m) is LINEARS["small_row"] for m in target.modules())  # left with the speculative kernel
-    # the profile: forwards with the speculative kernel, over the autoregressive kernel's step
-    switched.clear()
-    steps = S.verify_profile(target, 8, 2, kernels)
-    assert len(steps) == 3 and all(s > 0 for s in steps) and [n for _, n in switched] == ["stock", "small_row"]
-    assert len(S.verify_profile(target, 8, 2)) == 3 and S.verify_profile(target, 8, 1)[0] == 1.0
+    assert len(runs) == 6 and len(seen) == 6
+    stock, small = LINEARS["stock"], LINEARS["small_row"]
+    assert all(t is (stock if g == 0 else small) for g, t, _ in seen)  # the target: per method
+    assert all(d is small for g, _, d in seen if g)  # the draft with the speculative kernel
+    # the contrary mapping gives the contrary classes
+    seen.clear()
+    S.sweep(target, {"d": draft}, prompts[:1], [1], max_new_tokens=4, temperature=0.0,
+            kernels={"autoregressive": "small_row", "speculative": "stock"})
+    assert [t for _, t, _ in seen] == [small, stock]
     for bad, match in (({"autoregressive": "stock"}, "no kernel for"), ({**kernels, "speculative": "fast"}, "unknown")):
         with pytest.raises(ValueError, match=match):
             S.sweep(target, {"d": draft}, prompts, [1], max_new_tokens=4, temperature=0.0, kernels=bad)
         with pytest.raises(ValueError, match=match):
             S.verify_profile(target, 8, 1, bad)
+
+
+def test_verify_profile_divides_the_speculative_forwards_by_the_autoregressive_step(monkeypatch):
+    from specrepro.kernels import LINEARS
+
+    target, _ = tiny_pair(16, dtype=torch.float32)
+    ms = {LINEARS["stock"]: 10.0, LINEARS["small_row"]: 8.0}  # a 1-token forward's time with each kernel
+
+    def fake(model, context, gamma, device=None):  # g+1 tokens cost 1 + g/4 forwards with the kernel held
+        return [ms[type(model.lm_head)] * (1 + g / 4) for g in range(gamma + 1)]
+
+    monkeypatch.setattr(S.walltime, "verify_ms", fake)
+    got = S.verify_profile(target, 8, 2, {"autoregressive": "stock", "speculative": "small_row"})
+    assert got == pytest.approx([0.8, 1.0, 1.2])  # small_row's forwards over stock's step
+    assert type(target.lm_head) is LINEARS["small_row"]  # left with the speculative kernel
+    got = S.verify_profile(target, 8, 2, {"autoregressive": "small_row", "speculative": "stock"})
+    assert got == pytest.approx([1.25, 1.5625, 1.875])
+    # one kernel for both: every forward with it, the first entry 1
+    assert S.verify_profile(target, 8, 2, dict.fromkeys(S.METHODS, "small_row")) == pytest.approx([1.0, 1.25, 1.5])
+    assert type(target.lm_head) is LINEARS["small_row"]
+    assert S.verify_profile(target, 8, 1) == pytest.approx([1.0, 1.25])

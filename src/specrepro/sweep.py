@@ -2,18 +2,18 @@
 measured.
 
 Two runs on disjoint prompts. The *calibration* (`calibrate`) measures each draft's cost c (its decode time per
-token over the target's, interleaved) and, given the target's verification cost (a forward of g+1 tokens in 1-token
-forwards, `verify_steps`), the draft's acceptance on the target's own continuations of the calibration prompts: one
-forward of each model gives every position's acceptance probability beta (`acceptance.betas`, Leviathan Def. 3.1),
-and `replay` walks the speculative loop's iterations over those positions at every gamma (which proposals are
-made, how many are accepted) without running it: greedy, exactly the loop's run; sampling, an approximation
-(`replay`). From these alone `predict` gives every gamma's speedup (`walltime.predicted_speedup_in_steps`, Thm 3.8
-with measured costs): an out-of-sample prediction. `predict_replay` counts the replayed iterations' tokens over
-their costs instead: greedy, it needs no part of Eq. 1's i.i.d. assumption; sampling, it keeps how beta varies along
-the path but not how one acceptance changes the next position's beta. The
-*sweep* (`sweep`) then measures every (draft, gamma) on other prompts, interleaved per prompt with autoregressive
-decoding, and `cells`/`table2` set the measured speedup (pooled, 95% bootstrap interval over prompts) beside the
-predictions.
+token over the target's, interleaved) and, given the target's verification cost (a forward of g+1 tokens in
+autoregressive decode steps, `verify_profile`), the draft's acceptance on the target's own continuations of the
+calibration prompts: one forward of each model gives every position's acceptance probability beta
+(`acceptance.betas`, Leviathan Def. 3.1), and `replay` walks the speculative loop's iterations over those positions
+at every gamma (which proposals are made, how many are accepted) without running it: greedy, exactly the loop's run;
+sampling, an approximation (`replay`). From these alone `predict` gives every gamma's speedup
+(`walltime.predicted_speedup_in_steps`, Thm 3.8 with measured costs): an out-of-sample prediction. `predict_replay`
+counts the replayed iterations' tokens over their costs instead: greedy, it needs no part of Eq. 1's i.i.d.
+assumption; sampling, it keeps how beta varies along the path but not how one acceptance changes the next position's
+beta. The *sweep* (`sweep`) then measures every (draft, gamma) on other prompts, interleaved per prompt with
+autoregressive decoding, and `cells`/`table2` set the measured speedup (pooled, 95% bootstrap interval over prompts)
+beside the predictions.
 
 Eq. 1 assumes each draft token is accepted independently with probability alpha, so the accepted length of an
 iteration follows a geometric law capped at gamma (`capped_geometric`); `geometric_fit` tests it and
@@ -61,7 +61,7 @@ class Calibration:
     c: float  # draft decode ms per token / target decode ms per token, interleaved
     draft_ms: float
     target_ms: float
-    verify_steps: tuple[float, ...]  # a target forward of g+1 tokens in 1-token forwards, g = 0..G
+    verify_steps: tuple[float, ...]  # a target forward of g+1 tokens in autoregressive decode steps, g = 0..G
     alpha: float  # accepted / tested over the calibration's iterations at gamma G
     lengths: dict[int, tuple[int, ...]]  # gamma -> the calibration iterations' proposal lengths
     gamma: int  # G
@@ -133,7 +133,7 @@ def calibrate(target, drafts: dict, prompts: list[torch.Tensor], *, gamma: int, 
     it out. Continuation i samples with seed + CALIBRATION_SEED + i, apart from the
     sweep's seeds; sampling, each continuation is replayed `walks` times (`numpy` generator seeded from `seed`: more
     coin flips on the same prefixes, not more prefixes). `verify_steps` is the target's verification cost profile
-    (`verify_steps`, in 1-token forwards), measured once."""
+    (`verify_profile`, in autoregressive decode steps), measured once."""
     if len(verify_steps) < gamma + 1:
         raise ValueError(f"verify_steps covers forwards of 1..{len(verify_steps)} tokens; gamma {gamma} needs "
                          f"{gamma + 1}")
@@ -236,6 +236,13 @@ def _run(target, draft, ids, *, gamma: int, name: str, prompt: int, **kw) -> Swe
 METHODS = ("autoregressive", "speculative")  # the keys of `sweep`'s `kernels`
 
 
+def use_kernels(models, name: str) -> None:
+    """`kernels.use_kernel(model, name)` for each distinct model of `models` (a lens draft shares the target's
+    layers; a lookup draft has none)."""
+    for model in {id(m): m for m in models}.values():
+        use_kernel(model, name)
+
+
 def check_kernels(kernels: Mapping[str, str]) -> None:
     """Raise a ValueError saying what to pass unless `kernels` names a `kernels.KERNELS` entry for each of
     `METHODS`."""
@@ -256,9 +263,9 @@ def sweep(target, drafts: dict, prompts: list[torch.Tensor], gammas: list[int], 
     kernels: {"autoregressive": kernel, "speculative": kernel} (`kernels.KERNELS` names, e.g. the `ar_kernel` and
     `spec_kernel` of a `batching.verify_cost` race): the target is switched to the first before each
     autoregressive run, the target and every model draft to the second before each speculative one (a lens draft
-    shares the target's layers, so the two cannot differ there), outside the timed calls. Each method then runs at
-    its own fastest kernel. None: the models' kernels as they are. The models are left with the speculative
-    kernel."""
+    shares the target's layers, so the two cannot differ there), outside the timed calls. Each method then runs
+    with the kernel its race picked (a draft's own 1-token forwards are not raced apart). None: the models' kernels
+    as they are. The models are left with the speculative kernel."""
     kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, eos_token_id=eos_token_id)
     if kernels is not None:
         check_kernels(kernels)
@@ -266,8 +273,7 @@ def sweep(target, drafts: dict, prompts: list[torch.Tensor], gammas: list[int], 
 
     def switch(method):
         if kernels is not None and kernels[method] != current[0]:
-            for model in {id(m): m for m in (target, *drafts.values())}.values():  # each model once
-                use_kernel(model, kernels[method])
+            use_kernels((target, *drafts.values()), kernels[method])
             current[0] = kernels[method]
 
     runs = []
@@ -486,8 +492,9 @@ def size_verdicts(table2, grid, runs: dict, family: list[str], gamma: int, *, se
 
 
 def verify_steps(verify_ms: list[float], step_ms: float | None = None) -> list[float]:
-    """`walltime.verify_ms` in 1-token forwards: a forward of g+1 tokens over `step_ms`, the autoregressive decode
-    step (default: the first entry, a 1-token forward timed with the same kernel, which then reads 1)."""
+    """`walltime.verify_ms` in autoregressive decode steps: a forward of g+1 tokens over `step_ms`, the
+    autoregressive decode step (default: the first entry, a 1-token forward timed with the same kernel, which then
+    reads 1)."""
     return [v / (verify_ms[0] if step_ms is None else step_ms) for v in verify_ms]
 
 
@@ -496,10 +503,15 @@ def verify_profile(target, context: int, gamma: int, kernels: Mapping[str, str] 
     """The verification cost profile `calibrate` and `predict` take: a forward of g+1 tokens (g = 0..gamma) after
     `context` cached ones, in autoregressive decode steps. With `kernels` (as `sweep` takes them) the forwards run
     with the speculative kernel and the step with the autoregressive one, as each method runs in the sweep; the
-    target is left with the speculative kernel. None: both with the target's kernel as it is."""
+    target is left with the speculative kernel. None, or one kernel for both: every forward with that kernel (the
+    first entry then reads 1)."""
+    if kernels is not None:
+        check_kernels(kernels)
+        if kernels["autoregressive"] == kernels["speculative"]:
+            use_kernel(target, kernels["speculative"])
+            kernels = None
     if kernels is None:
         return verify_steps(walltime.verify_ms(target, context, gamma, device=device))
-    check_kernels(kernels)
     use_kernel(target, kernels["autoregressive"])
     step = walltime.verify_ms(target, context, 0, device=device)[0]
     use_kernel(target, kernels["speculative"])
