@@ -67,6 +67,17 @@ def test_the_distribution_row_fails_when_the_real_pair_rejects(tmp_path):
     row = summary.summary_table(summary.results(tmp_path)).set_index("claim").loc["distribution"]
     assert "power 0.93-1.00 against 0.05 (the most a bug in 5% of rows" in row.ours
     assert "at batch 8 (feature-1-s8, 2,000" in row.ours and row.verdict == "reproduces"
+    # what the small batch can see, from its detectable error against 0.05: too small, partly, and enough
+    for tv, words in (([0.06, 0.08], "above the 0.05 a bug in 5% of rows could move: too few samples"),
+                      ([0.04, 0.06], "above the 0.05 a bug in 5% of rows could move on some prompts"),
+                      ([0.02, 0.03], "enough to see the 0.05 a bug in 5% of rows could move")):
+        small = real["small_batch"] | {"detectable_tv": tv}
+        (folder / "metrics.json").write_text(json.dumps(metrics | {"real_pair": real | {"small_batch": small,
+                                                                                        "batch_rows": 1000}}))
+        row = summary.summary_table(summary.results(tmp_path)).set_index("claim").loc["distribution"]
+        assert words in row.ours and "in ragged batches of 1,000 rows" in row.ours
+        assert row.ours.index("planted bug rejected in 3 of 3 prompts (batches of 1,000 rows)") < row.ours.index(
+            "at batch 8")
     (folder / "metrics.json").write_text(json.dumps(metrics | {"real_pair": real | {"min_p_value": 0.00095}}))
     row = summary.summary_table(summary.results(tmp_path)).set_index("claim").loc["distribution"]
     assert "smallest p-value 0.00095 over 6 tests" in row.ours  # beside a level of 0.001, never "0.00"
