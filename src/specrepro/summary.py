@@ -69,17 +69,17 @@ def _redrawn(redrawn: dict) -> str:
 
 def _small_power(small: dict, real: dict) -> str:
     """What 01's small-batch run can see: its detectable total variation (80% power) against the error a bug in
-    `zhang_tv` of the rows could make; where it cannot see that error, the sentence says the run is too small."""
+    `zhang_tv` of the rows could make; where it cannot see that error, the sentence says the run is underpowered."""
     if "detectable_tv" not in small:
         return ""
     lo, hi = small["detectable_tv"]
-    out = f"; detectable error {lo:.2f}-{hi:.2f}"
+    out = f"; detectable error {lo:.3f}-{hi:.3f}"
     zhang = real.get("zhang_tv")
     if zhang is None:
         return out
-    bug = f"the {zhang} a bug in {zhang:.0%} of rows could move"
+    bug = f"the error of {zhang} that a bug in {zhang:.0%} of rows could make"
     if lo > zhang:
-        return out + f", above {bug}: too few samples to see such a bug"
+        return out + f", above {bug}: underpowered for such a bug"
     if hi > zhang:
         return out + f", above {bug} on some prompts"
     return out + f", enough to see {bug}"
