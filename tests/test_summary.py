@@ -67,6 +67,22 @@ def test_the_distribution_row_fails_when_the_real_pair_rejects(tmp_path):
     row = summary.summary_table(summary.results(tmp_path)).set_index("claim").loc["distribution"]
     assert "power 0.93-1.00 against 0.05 (the most a bug in 5% of rows" in row.ours
     assert "at batch 8 (feature-1-s8, 2,000" in row.ours and row.verdict == "reproduces"
+    # what the small batch can see, from its detectable error against 0.05: too small, partly, and enough
+    bug = "the error of 0.05 that a bug in 5% of rows could make"
+    for tv, words in (([0.0612, 0.076], f"0.061-0.076, above {bug}: underpowered"),
+                      ([0.04, 0.06], f"above {bug} on some prompts"),
+                      ([0.02, 0.03], f"enough to see {bug}")):
+        small = real["small_batch"] | {"detectable_tv": tv}
+        (folder / "metrics.json").write_text(json.dumps(metrics | {"real_pair": real | {"small_batch": small,
+                                                                                        "batch_rows": 1000}}))
+        row = summary.summary_table(summary.results(tmp_path)).set_index("claim").loc["distribution"]
+        assert words in row.ours and "in ragged batches of 1,000 rows" in row.ours
+        assert row.ours.index("planted bug rejected in 3 of 3 prompts (batches of 1,000 rows)") < row.ours.index(
+            "at batch 8")
+    no_zhang = {k: v for k, v in real.items() if k not in ("zhang_tv", "power_at_zhang_tv")}
+    (folder / "metrics.json").write_text(json.dumps(metrics | {"real_pair": no_zhang | {"small_batch": small}}))
+    row = summary.summary_table(summary.results(tmp_path)).set_index("claim").loc["distribution"]
+    assert "detectable error 0.020-0.030" in row.ours and "a bug in" not in row.ours  # nothing to compare with
     (folder / "metrics.json").write_text(json.dumps(metrics | {"real_pair": real | {"min_p_value": 0.00095}}))
     row = summary.summary_table(summary.results(tmp_path)).set_index("claim").loc["distribution"]
     assert "smallest p-value 0.00095 over 6 tests" in row.ours  # beside a level of 0.001, never "0.00"

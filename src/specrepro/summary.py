@@ -67,6 +67,24 @@ def _redrawn(redrawn: dict) -> str:
     return "; ".join(f"{_p(v[0])} then " + ", ".join(_p(x) for x in v[1:]) for v in redrawn.values())
 
 
+def _small_power(small: dict, real: dict) -> str:
+    """What 01's small-batch run can see: its detectable total variation (80% power) against the error a bug in
+    `zhang_tv` of the rows could make; where it cannot see that error, the sentence says the run is underpowered."""
+    if "detectable_tv" not in small:
+        return ""
+    lo, hi = small["detectable_tv"]
+    out = f"; detectable error {lo:.3f}-{hi:.3f}"
+    zhang = real.get("zhang_tv")
+    if zhang is None:
+        return out
+    bug = f"the error of {zhang} that a bug in {zhang:.0%} of rows could make"
+    if lo > zhang:
+        return out + f", above {bug}: underpowered for such a bug"
+    if hi > zhang:
+        return out + f", above {bug} on some prompts"
+    return out + f", enough to see {bug}"
+
+
 def _distribution(r):
     m = r["metrics"]
     tests = len(m["p_values"])
@@ -96,16 +114,20 @@ def _distribution(r):
                 f"redrawn: {_redrawn(redrawn)}; {real['confirmed'] + small.get('confirmed', 0)} confirmed"
                 if redrawn else "")
         ours += (f"; the real pair ({', '.join(real['drafts'])}; first {real['n_tokens']} tokens of "
-                 f"{len(real['prompts'])} prompts in ragged batches, {real['n_samples']:,} samples each): smallest "
+                 f"{len(real['prompts'])} prompts in ragged batches"
+                 + (f" of {real['batch_rows']:,} rows" if "batch_rows" in real else "")
+                 + f", {real['n_samples']:,} samples each): smallest "
                  f"p-value {_p(real['min_p_value'])} over {real['tests']} tests{rule}; detectable error (80% power"
                  + (", with the confirmation" if "confirmed" in real else "") + ") "
                  f"{real['detectable_tv'][0]:.2f}-{real['detectable_tv'][1]:.2f} in total variation"
                  + (f", power {real['power_at_zhang_tv'][0]:.2f}-{real['power_at_zhang_tv'][1]:.2f} against "
                     f"{real['zhang_tv']} (the most a bug in {real['zhang_tv']:.0%} of rows could move)"
                     if "power_at_zhang_tv" in real else "")
+                 + f"; its planted bug rejected in {real['bug_rejected']} of {real['bug_tests']} prompts"
+                 + (f" (batches of {real['batch_rows']:,} rows)" if "batch_rows" in real else "")
                  + (f"; at batch {small['batch_rows']} ({small['draft']}, {small['n_samples']:,} samples): smallest "
-                    f"p-value {_p(small['min_p_value'])} over {small['tests']} tests" if small else "")
-                 + f"; its planted bug rejected in {real['bug_rejected']} of {real['bug_tests']} prompts")
+                    f"p-value {_p(small['min_p_value'])} over {small['tests']} tests" + _small_power(small, real)
+                    if small else ""))
     confirmed = ", confirmed on fresh draws" if "confirmed" in m else ""
     verdict = ("reproduces" if not (failed or real_failed or outside)
                else f"does not reproduce: {outside} sample{'s' * (outside != 1)} fell outside the target's support"
