@@ -205,3 +205,18 @@ def test_few_rows_refuses_what_it_cannot_compute_with_a_clear_error():
                            (torch.randn(2, 15), None, r"x \(N, in\)"), (torch.randn(2, 16), torch.randn(5), "bias")):
         with pytest.raises(RuntimeError, match=match):
             gemv.few_rows(x, w, bias)
+
+
+def test_use_kernels_switches_each_distinct_model_once_and_passes_over_the_rest(monkeypatch):
+    from specrepro import kernels as K
+    from specrepro.drafts import PromptLookupDraft
+    from specrepro.tiny import tiny_pair
+
+    target, draft = tiny_pair(16, dtype=torch.float32)
+    calls, real = [], K.use_kernel
+    monkeypatch.setattr(K, "use_kernel", lambda m, n: calls.append(m) or real(m, n))
+    K.use_kernels((target, draft, target, None, PromptLookupDraft()), "small_row")
+    assert [id(m) for m in calls[:2]] == [id(target), id(draft)] and len(calls) == 3  # the lookup: called, no layers
+    assert type(target.lm_head) is K.LINEARS["small_row"] and type(draft.lm_head) is K.LINEARS["small_row"]
+    K.use_kernels((target, draft), "stock")
+    assert type(target.lm_head) is torch.nn.Linear

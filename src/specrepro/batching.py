@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from . import intervals
 from .generate import GenerationResult, decode_in_batches, pooled_alpha
 from .intervals import Interval
-from .kernels import use_kernel
+from .kernels import use_kernel, use_kernels
 from .timing import forward_seconds
 
 
@@ -106,9 +106,7 @@ def sweep(target, draft, prompts: list[list[int]], *, batch_sizes: list[int], ga
         for method, d in (("autoregressive", None), ("speculative", draft)):
             kernel = kernels[b][method] if kernels else "stock"
             if kernels:
-                use_kernel(target, kernel)
-                if d is not None:
-                    use_kernel(d, kernel)
+                use_kernels((target, d), kernel)
             outputs, results = decode_in_batches(target, d, use, batch_size=b, gamma=gamma,
                                                  max_new_tokens=max_new_tokens, pad_token_id=pad_token_id,
                                                  eos_token_id=eos_token_id)
@@ -117,9 +115,7 @@ def sweep(target, draft, prompts: list[list[int]], *, batch_sizes: list[int], ga
                 log(f"batch {b:>2} {method:<14} {kernel:<9} {len(use):>3} prompts "
                     f"{runs[-1].tokens_per_second:6.1f} tokens/s")
     if kernels:
-        use_kernel(target, "stock")
-        if draft is not None:
-            use_kernel(draft, "stock")
+        use_kernels((target, draft), "stock")
     return runs
 
 

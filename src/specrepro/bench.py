@@ -26,7 +26,7 @@ import torch
 from . import flops, intervals, theory, walltime
 from .compiled import MODES, CompileConfig, slots_needed
 from .generate import GenerationStats, autoregressive_generate, pooled_alpha, speculative_generate
-from .kernels import KERNELS, use_kernel
+from .kernels import KERNELS, use_kernels
 from .timing import forward_log, memory_bandwidth, timed
 
 METHODS = ("autoregressive", "speculative", "hf_assisted_fixed", "hf_assisted_default")
@@ -243,8 +243,7 @@ def run_bench(target, draft, prompts: list[torch.Tensor], *, gamma: int, max_new
 
     def configure(config):
         if config and config != configured[0]:
-            for model in {id(m): m for m in (target, draft, hf_draft)}.values():  # each model once
-                use_kernel(model, linear_kernel(config))
+            use_kernels((target, draft, hf_draft), linear_kernel(config))
             configured[0] = config
 
     if isinstance(kernels, Mapping):
@@ -516,8 +515,8 @@ def _print_costs(target, draft, prompts, runs: list[Run], args) -> None:
     speculative runs' configuration)."""
     summary = summarize(runs)
     spec_kernel = next(r.kernel for r in runs if r.method == "speculative")
-    use_kernel(target, linear_kernel(spec_kernel))  # the costs timed apart, below, with the speculative runs'
-    use_kernel(draft, linear_kernel(spec_kernel))  # configuration
+    use_kernels((target, draft), linear_kernel(spec_kernel))  # the costs timed apart, below, with the speculative
+    # runs' configuration
     compile_apart = CompileConfig(args.compile) if is_compiled(spec_kernel) else False
     alpha = pooled_alpha(r.stats for r in runs if r.method == "speculative")
     ctx = int(statistics.mean(p.shape[1] for p in prompts)) + args.max_new_tokens // 2

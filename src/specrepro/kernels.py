@@ -94,6 +94,13 @@ def use_kernel(model: nn.Module, name: str) -> int:
     return switched
 
 
+def use_kernels(models, name: str) -> None:
+    """`use_kernel(model, name)` for each distinct model of `models`, once each (a lens draft shares the target's
+    layers); None and models without linear layers (a lookup draft) are passed over."""
+    for model in {id(m): m for m in models if m is not None}.values():
+        use_kernel(model, name)
+
+
 ALIGN = 64  # bytes: a cache line, and an AVX-512 register
 
 

@@ -46,7 +46,7 @@ from .generate import (
     speculative_generate,
     tested,
 )
-from .kernels import KERNELS, use_kernel
+from .kernels import KERNELS, use_kernel, use_kernels  # use_kernels: also sweep.use_kernels, as 06 calls it
 from .sampling import SamplingConfig
 from .timing import timed
 
@@ -234,13 +234,6 @@ def _run(target, draft, ids, *, gamma: int, name: str, prompt: int, **kw) -> Swe
 
 
 METHODS = ("autoregressive", "speculative")  # the keys of `sweep`'s `kernels`
-
-
-def use_kernels(models, name: str) -> None:
-    """`kernels.use_kernel(model, name)` for each distinct model of `models` (a lens draft shares the target's
-    layers; a lookup draft has none)."""
-    for model in {id(m): m for m in models}.values():
-        use_kernel(model, name)
 
 
 def check_kernels(kernels: Mapping[str, str]) -> None:
