@@ -56,3 +56,20 @@ def test_equivalence_power_matches_simulation():
     assert equivalence_power(sd, n, margin=margin, true_diff=margin) < 0.06  # at the margin: the test's level
     with pytest.raises(ValueError):
         equivalence_power(sd, 1, margin=margin)
+
+
+def test_margin_in_units_counts_assertions_and_reference_words():
+    code = [{"prompt": "def f(x):\n", "entry_point": "f", "canonical_solution": "    return x\n",
+             "test": "def check(candidate):\n    assert candidate(1) == 1\n    assert candidate(2) == 2\n"},
+            {"prompt": "def f(x):\n", "entry_point": "f", "canonical_solution": "    return x\n",
+             "test": "def check(candidate):\n" + "".join(f"    assert candidate({i}) == {i}\n" for i in range(6))}]
+    u = quality.margin_in_units("code", code, 0.1)
+    assert (u["per_prompt"], u["min"], u["max"]) == (4.0, 2.0, 6.0)
+    assert u["units"] == pytest.approx(0.4)
+    t = quality.margin_in_units("text", [{"reference": "To be, or not to be"}, {"reference": "that is the question"}],
+                                0.5)
+    assert t["per_prompt"] == 5.0 and t["units"] == pytest.approx(2.5)
+    with pytest.raises(ValueError, match="task"):
+        quality.margin_in_units("poetry", code, 0.1)
+    with pytest.raises(ValueError, match="examples"):
+        quality.margin_in_units("code", [], 0.1)

@@ -258,7 +258,8 @@ def assertions_passed(example: dict, answer: str, timeout_s: float = 10.0) -> tu
     return passed, total, passes_tests(example, answer, timeout_s)
 
 
-def _words(text: str) -> list[str]:
+def words(text: str) -> list[str]:
+    """The lower-cased words ROUGE counts."""
     return re.findall(r"[a-z']+", text.lower())
 
 
@@ -269,7 +270,7 @@ def _rouge_n_f1(candidate: str, reference: str, n: int) -> float:
     def grams(words):
         return Counter(zip(*(words[i:] for i in range(n))))
 
-    c, r = grams(_words(candidate)), grams(_words(reference))
+    c, r = grams(words(candidate)), grams(words(reference))
     overlap = sum((c & r).values())
     if not overlap:
         return 0.0

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .data import assertion_program, words
 from .generate import decode_in_batches
 from .intervals import Interval, bootstrap
 from .numerics import Equivalence, detectable_difference, equivalence_power, paired_equivalence_test
@@ -80,3 +81,24 @@ def compare(a, b, *, metric: str, margin: float, level: float = 0.05, identical=
     return QualityComparison(metric, bootstrap(np.mean, a, n_boot=n_boot, seed=seed),
                              bootstrap(np.mean, b, n_boot=n_boot, seed=seed), test, power, same,
                              detectable)
+
+
+def margin_in_units(task: str, examples: list[dict], margin: float) -> dict[str, float]:
+    """What a margin on a task's primary metric amounts to in the things the metric counts, averaged over the
+    task's prompts: the scale a margin is justified from (the metric runs from 0 to 1 on every prompt).
+
+    code (share of a problem's assert statements passed): `per_prompt` assert statements per problem, the margin
+    `margin * per_prompt` of them; text (ROUGE-1 F1 against the next lines): `per_prompt` words per reference, the
+    margin about `margin * per_prompt` shared words (F1 is shared words over length when answer and reference are
+    of about one length)."""
+    if not examples:
+        raise ValueError("margin_in_units needs the task's examples, got none")
+    if task == "code":
+        counts = [assertion_program(ex, "")[1] for ex in examples]
+    elif task == "text":
+        counts = [len(words(ex["reference"])) for ex in examples]
+    else:
+        raise ValueError(f"task must be 'code' or 'text', got {task!r}")
+    per_prompt = float(np.mean(counts))
+    return dict(margin=margin, per_prompt=per_prompt, units=margin * per_prompt, min=float(min(counts)),
+                max=float(max(counts)))
