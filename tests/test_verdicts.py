@@ -210,6 +210,17 @@ def test_numerics_each_label_from_its_data():
     assert V.numerics(0, 12, clean, None).label == "not testable"
 
 
+def test_distribution_each_label_from_its_data():
+    assert str(V.distribution(False, False, 0)) == "reproduces"
+    v = V.distribution(True, False, 0)  # a tiny-pair test rejected, and its redraws too: contrary
+    assert v.label == "does not reproduce" and v.reason == "a test rejected, confirmed on fresh draws"
+    v = V.distribution(False, True, 0, confirmed=False)  # the real pair rejected, in a run without the rule
+    assert v.label == "does not reproduce" and v.reason == "a test on the real pair rejected"
+    v = V.distribution(False, False, 1)  # one sample of probability 0 fails whatever the p-values
+    assert v.label == "does not reproduce" and v.reason == "1 sample fell outside the target's support"
+    assert V.distribution(True, True, 3).reason == "3 samples fell outside the target's support"
+
+
 def test_batch_equivalence_each_label_from_its_data():
     assert V.batch_equivalence([1.0, 1.0, 1.0], [0.0, 0.03]).label == "reproduces"
     v = V.batch_equivalence([1.0, 0.97], [0.0, 0.03])  # ours loses a row at one batch size: contrary

@@ -128,13 +128,8 @@ def _distribution(r):
                  + (f"; at batch {small['batch_rows']} ({small['draft']}, {small['n_samples']:,} samples): smallest "
                     f"p-value {_p(small['min_p_value'])} over {small['tests']} tests" + _small_power(small, real)
                     if small else ""))
-    confirmed = ", confirmed on fresh draws" if "confirmed" in m else ""
-    verdict = ("reproduces" if not (failed or real_failed or outside)
-               else f"does not reproduce: {outside} sample{'s' * (outside != 1)} fell outside the target's support"
-               if outside
-               else f"does not reproduce: a test rejected{confirmed}" if failed
-               else f"does not reproduce: a test on the real pair rejected{confirmed}")
-    return ours, verdict, "01-distribution"
+    verdict = verdicts.distribution(failed, real_failed, outside, confirmed="confirmed" in m)
+    return ours, str(verdict), "01-distribution"
 
 
 def _numerics(r):
