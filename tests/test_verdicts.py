@@ -211,14 +211,17 @@ def test_numerics_each_label_from_its_data():
 
 
 def test_distribution_each_label_from_its_data():
-    assert str(V.distribution(False, False, 0)) == "reproduces"
-    v = V.distribution(True, False, 0)  # a tiny-pair test rejected, and its redraws too: contrary
+    rule = dict(tiny_rule=True, real_rule=True)
+    assert str(V.distribution(False, False, 0, **rule)) == "reproduces"
+    v = V.distribution(True, False, 0, **rule)  # a tiny-pair test rejected, and its redraws too: contrary
     assert v.label == "does not reproduce" and v.reason == "a test rejected, confirmed on fresh draws"
-    v = V.distribution(False, True, 0, confirmed=False)  # the real pair rejected, in a run without the rule
+    v = V.distribution(False, True, 0, tiny_rule=True, real_rule=False)  # the real pair, in a run without the rule
     assert v.label == "does not reproduce" and v.reason == "a test on the real pair rejected"
-    v = V.distribution(False, False, 1)  # one sample of probability 0 fails whatever the p-values
+    v = V.distribution(True, False, 0, tiny_rule=False, real_rule=True)  # the tiny pairs, without the rule
+    assert v.reason == "a test rejected"
+    v = V.distribution(False, False, 1, **rule)  # one sample of probability 0 fails whatever the p-values
     assert v.label == "does not reproduce" and v.reason == "1 sample fell outside the target's support"
-    assert V.distribution(True, True, 3).reason == "3 samples fell outside the target's support"
+    assert V.distribution(True, True, 3, **rule).reason == "3 samples fell outside the target's support"
 
 
 def test_batch_equivalence_each_label_from_its_data():

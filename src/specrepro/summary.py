@@ -128,7 +128,8 @@ def _distribution(r):
                  + (f"; at batch {small['batch_rows']} ({small['draft']}, {small['n_samples']:,} samples): smallest "
                     f"p-value {_p(small['min_p_value'])} over {small['tests']} tests" + _small_power(small, real)
                     if small else ""))
-    verdict = verdicts.distribution(failed, real_failed, outside, confirmed="confirmed" in m)
+    verdict = verdicts.distribution(failed, real_failed, outside, tiny_rule="confirmed" in m,
+                                    real_rule=bool(real) and "confirmed" in real)
     return ours, str(verdict), "01-distribution"
 
 

@@ -370,25 +370,27 @@ def numerics(same_seed_identical: int, same_seed_prompts: int, greedy_bugs: Mapp
     return Verdict("reproduces" if differ else "partly", reason, facts)
 
 
-def distribution(tiny_rejected: bool, real_rejected: bool, outside_support: int, *, confirmed: bool = True
-                 ) -> Verdict:
+def distribution(tiny_rejected: bool, real_rejected: bool, outside_support: int, *, tiny_rule: bool,
+                 real_rule: bool) -> Verdict:
     """Leviathan et al. Thm 3.5, Chen et al. Thm 1: speculative sampling draws from the target's distribution.
-    Inputs: whether a test on the tiny pairs rejected (`tiny_rejected`) and whether one on the real pair did
-    (`real_rejected`), each after the notebook's confirmation rule where it has one (`confirmed`: the rejection
-    held on fresh draws); how many samples fell where the target's probability is 0 (`outside_support`), which fails
-    the claim whatever the p-values.
+    Inputs: whether a test on the tiny pairs failed (`tiny_rejected`) and whether one on the real pair did
+    (`real_rejected`), each as its run counts a failure; whether that run applied the confirmation rule (`tiny_rule`,
+    `real_rule`: a rejection counts only if its fresh redraws reject too, so a failure is reported as confirmed on
+    fresh draws); how many samples fell where the target's probability is 0 (`outside_support`), which fails the
+    claim whatever the p-values.
 
-    reproduces: no sample outside the support and no test rejected; does not reproduce: otherwise, naming which."""
+    reproduces: no sample outside the support and no test failed; does not reproduce: otherwise, naming which."""
     outside = int(outside_support)
     facts = dict(tiny_rejected=bool(tiny_rejected), real_rejected=bool(real_rejected), outside_support=outside)
-    on_fresh = ", confirmed on fresh draws" if confirmed else ""
     if outside:
         return Verdict("does not reproduce",
                        f"{outside} sample{'s' * (outside != 1)} fell outside the target's support", facts)
     if tiny_rejected:
-        return Verdict("does not reproduce", f"a test rejected{on_fresh}", facts)
+        return Verdict("does not reproduce",
+                       "a test rejected" + (", confirmed on fresh draws" if tiny_rule else ""), facts)
     if real_rejected:
-        return Verdict("does not reproduce", f"a test on the real pair rejected{on_fresh}", facts)
+        return Verdict("does not reproduce",
+                       "a test on the real pair rejected" + (", confirmed on fresh draws" if real_rule else ""), facts)
     return Verdict("reproduces", "", facts)
 
 
