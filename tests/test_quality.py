@@ -73,3 +73,15 @@ def test_margin_in_units_counts_assertions_and_reference_words():
         quality.margin_in_units("poetry", code, 0.1)
     with pytest.raises(ValueError, match="examples"):
         quality.margin_in_units("code", [], 0.1)
+
+
+def test_greedy_line_counts_identical_prompts_and_names_each_divergence():
+    line = quality.greedy_line("code", {"prompts": 164, "exact_match": 163 / 164},
+                               [{"task_id": "HumanEval/19", "position": 82, "kind": "near-tie", "gap": 1.1e-5}],
+                               "assert_share", 0.1975, 0.1975)
+    assert line == ("- code, greedy: the two methods wrote the same tokens for 163 of 164 prompts; the 1 that differ "
+                    "part at HumanEval/19 token 82 (near-tie, top-2 logit gap 1.1e-05) (assert_share 0.198 "
+                    "autoregressive, 0.198 speculative)")
+    none = quality.greedy_line("text", {"prompts": 100, "exact_match": 1.0}, [], "rouge1", 0.0928, 0.0928)
+    assert none == ("- text, greedy: the two methods wrote the same tokens for 100 of 100 prompts (rouge1 0.093 "
+                    "autoregressive, 0.093 speculative)")

@@ -102,3 +102,17 @@ def margin_in_units(task: str, examples: list[dict], margin: float) -> dict[str,
     per_prompt = float(np.mean(counts))
     return dict(margin=margin, per_prompt=per_prompt, units=margin * per_prompt, min=float(min(counts)),
                 max=float(max(counts)))
+
+
+def greedy_line(task: str, summary: dict, divergences, metric: str, autoregressive: float, speculative: float) -> str:
+    """03's Conclusions line for a greedy quality cell: identical tokens need no test, so the line counts the prompts
+    on which both methods wrote the same tokens (`summary`: `equivalence.evaluate`'s, with `prompts` and
+    `exact_match`) and names where each answer that differs parts (`divergences`: records with task_id, position,
+    kind and gap), beside both methods' mean `metric`."""
+    same = round(summary["exact_match"] * summary["prompts"])
+    divergences = list(divergences)
+    return (f"- {task}, greedy: the two methods wrote the same tokens for {same} of {summary['prompts']} prompts"
+            + ("" if not divergences else f"; the {len(divergences)} that differ part at " + ", ".join(
+                f"{d['task_id']} token {d['position']} ({d['kind']}, top-2 logit gap {d['gap']:.2g})"
+                for d in divergences))
+            + f" ({metric} {autoregressive:.3f} autoregressive, {speculative:.3f} speculative)")
