@@ -213,3 +213,43 @@ def test_step_profile_times_and_profiles_one_static_cache_forward():
         walltime.step_profile(target, 12, compile=False)
     with pytest.raises(ValueError, match="context and tokens must be >= 1"):
         walltime.step_profile(target, 0, compile="eager")
+
+
+def test_race_modes_times_each_mode_each_round_and_the_fastest_wins():
+    target, _ = tiny_pair(16, dtype=torch.float32)
+    rows = walltime.race_modes(target, 12, ["dynamo", "eager"], rounds=2, repeats=1)
+    assert [(r["mode"], r["round"]) for r in rows] == [("dynamo", 0), ("eager", 0), ("dynamo", 1), ("eager", 1)]
+    assert all(r["ms"] > 0 and r["error"] is None for r in rows)
+    fake = [dict(mode="a", round=i, ms=ms, error=None) for i, ms in enumerate([3.0, 2.0, 9.0])] + [
+        dict(mode="b", round=i, ms=ms, error=None) for i, ms in enumerate([2.5, 2.6, 2.4])]
+    assert walltime.fastest_mode(fake) == "b"  # the median, not the single best round
+    fake[4] = dict(mode="b", round=1, ms=None, error="RuntimeError: boom")
+    assert walltime.fastest_mode(fake) == "a"  # a mode that failed in any round is out
+    with pytest.raises(RuntimeError, match="no compile mode.*boom"):
+        walltime.fastest_mode([fake[4]])
+    with pytest.raises(ValueError, match="non-empty list"):
+        walltime.race_modes(target, 12, ["max-autotune", "fastest-please"])
+    with pytest.raises(ValueError, match="non-empty list"):
+        walltime.race_modes(target, 12, [])
+
+
+def test_race_modes_counts_a_fallback_to_eager_as_a_failure(monkeypatch):
+    import specrepro.compiled as compiled
+
+    own = compiled.compiled_forward
+
+    def broken(mode, features=False):  # "dynamo" fails to compile: the path falls back to eager, with its warning
+        if mode != "dynamo":
+            return own(mode, features)
+
+        def fail(*args, **kwargs):
+            raise RuntimeError("inductor exploded")
+        return fail
+
+    monkeypatch.setattr(compiled, "compiled_forward", broken)
+    target, _ = tiny_pair(16, dtype=torch.float32)
+    rows = walltime.race_modes(target, 12, ["dynamo", "eager"], rounds=1, repeats=1)
+    failed = {r["mode"]: r["error"] for r in rows}
+    assert failed["eager"] is None and "torch.compile failed" in failed["dynamo"] and "inductor exploded" in failed[
+        "dynamo"]
+    assert walltime.fastest_mode(rows) == "eager"

@@ -12,12 +12,15 @@ Two sources of costs:
 from __future__ import annotations
 
 import statistics
+import time
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
 
 from . import theory
-from .compiled import StaticCachedModel, as_config, slots_needed
+from .compiled import MODES, CompileConfig, StaticCachedModel, as_config, slots_needed
 from .generate import autoregressive_generate, pooled_alpha
 from .protocol import feature_layers
 from .timing import forward_seconds, op_profile, timed
@@ -214,6 +217,50 @@ def verify_ms(target, context: int, gamma: int, device=None, *, compile=False, p
             m.keep([context])
         out.append(1e3 * statistics.median(times[1:]))
     return out
+
+
+def race_modes(target, context: int, modes: Sequence[str], *, rounds: int = 3, repeats: int = 5,
+               device=None) -> list[dict]:
+    """The compiled decode step (a forward of one token after `context` cached ones, as `verify_ms` times it) in
+    each torch.compile mode of `modes` (`compiled.MODES`), the modes taken in turn for `rounds` rounds so that a
+    shared machine's drift falls on all alike. The first round of a mode compiles it (its `seconds` include the
+    compile); each round's `ms` is the median of `repeats` forwards after a warm-up.
+
+    A compile that fails counts as a failure of its mode, and so does one that falls back to the uncompiled path
+    (`compiled` announces that with a "torch.compile failed" warning, raised here as an error): an eager step must
+    not win a race of compilers. One row per mode and round: mode, round, ms (None where it failed), seconds, error.
+    The linear layers' kernel is the model's own (`kernels.use_kernel` before the call)."""
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise ValueError(f"modes must be a non-empty list of {sorted(MODES)}, got {list(modes)!r}")
+    if rounds < 1 or repeats < 1:
+        raise ValueError(f"rounds and repeats must be >= 1, got rounds={rounds}, repeats={repeats}")
+    rows = []
+    for rnd in range(rounds):
+        for mode in modes:
+            start, ms, error = time.perf_counter(), None, None
+            try:
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("error", message="torch.compile failed")
+                    ms = verify_ms(target, context, 0, device=device, compile=CompileConfig(mode), padded=False,
+                                   repeats=repeats)[0]
+            except Exception as err:  # a mode that cannot compile here loses the race, with its reason kept
+                error = f"{type(err).__name__}: {str(err)[:300]}"
+            rows.append(dict(mode=mode, round=rnd, ms=ms, seconds=time.perf_counter() - start, error=error))
+    return rows
+
+
+def fastest_mode(rows: list[dict]) -> str:
+    """The mode of `race_modes`' rows with the lowest median step time, among the modes that compiled in every
+    round (a mode that failed once is out: a decode would meet the same failure). Raises when none did."""
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    ok = {m: [r["ms"] for r in rows if r["mode"] == m] for m in modes}
+    ok = {m: statistics.median(t) for m, t in ok.items() if t and all(x is not None for x in t)}
+    if not ok:
+        errors = "; ".join(f"{r['mode']}: {r['error']}" for r in rows if r["error"])
+        raise RuntimeError(f"no compile mode compiled the decode step on this machine ({errors}); run with "
+                           "compile=False (the eager path) or try compile mode 'default'")
+    return min(ok, key=ok.get)
 
 
 def step_profile(target, context: int, *, tokens: int = 1, compile=True, repeats: int = 10, top: int = 12,
