@@ -236,7 +236,7 @@ def test_race_modes_times_each_mode_each_round_and_the_fastest_wins():
 def test_race_modes_counts_a_fallback_to_eager_as_a_failure(monkeypatch):
     import specrepro.compiled as compiled
 
-    own = compiled.compiled_forward
+    own, own_verify = compiled.compiled_forward, walltime.verify_ms
 
     def broken(mode, features=False):  # "dynamo" fails to compile: the path falls back to eager, with its warning
         if mode != "dynamo":
@@ -248,8 +248,13 @@ def test_race_modes_counts_a_fallback_to_eager_as_a_failure(monkeypatch):
 
     monkeypatch.setattr(compiled, "compiled_forward", broken)
     target, _ = tiny_pair(16, dtype=torch.float32)
-    rows = walltime.race_modes(target, 12, ["dynamo", "eager"], rounds=1, repeats=1)
-    failed = {r["mode"]: r["error"] for r in rows}
+    calls = []
+    monkeypatch.setattr(walltime, "verify_ms", lambda *a, compile, **k: calls.append(compile.mode) or own_verify(
+        *a, compile=compile, **k))
+    rows = walltime.race_modes(target, 12, ["dynamo", "eager"], rounds=2, repeats=1)
+    failed = {r["mode"]: r["error"] for r in rows if r["round"] == 0}
     assert failed["eager"] is None and "torch.compile failed" in failed["dynamo"] and "inductor exploded" in failed[
         "dynamo"]
+    assert calls == ["dynamo", "eager", "eager"]  # a failed mode is not compiled again
+    assert [r["error"] for r in rows if r["round"] == 1] == ["failed in an earlier round", None]
     assert walltime.fastest_mode(rows) == "eager"
