@@ -26,8 +26,9 @@ lets inductor use its own few-row GEMM instead of MKL's):
 compiling one graph takes from under a minute to about three minutes on 2 cores (inductor keeps its autotuning
 results on disk, so a later process compiles faster). `mode="max-autotune-cpp"` adds inductor's C++ wrapper (the
 Python that calls the graph's kernels at every step, compiled; a longer compile), an option for long decodes that
-`python -m specrepro.walltime --mode` times against the others and 07 races against max-autotune on every run
-(`walltime.race_modes`; the winner compiles 07's compiled configurations). `mode="default"` compiles
+`python -m specrepro.walltime --mode` times against the others and 07 races against max-autotune when its
+`compile_modes` lists it (`walltime.race_modes`; by default 07 races max-autotune alone, the wrapper's compiles
+being several times slower on 2 cores). `mode="default"` compiles
 in about a minute and `mode="eager"`
 runs the same static-cache bookkeeping uncompiled (tests, debugging, and the fallback where compilation fails).
 On a GPU, `mode="reduce-overhead"` adds CUDA graphs.
