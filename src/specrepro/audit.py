@@ -422,21 +422,24 @@ def speed_row(on: list[Completion], off: list[Completion], *, decode: bool = Fal
 
 def audit_engine(on, off, *, engine: str, mode: str, sample_prompts: list, settings: dict[str, SamplingConfig],
                  n_samples: int, n_tokens: int, prompts: list[list[int]], max_tokens: int, levels=(2, 4, 8),
-                 target=None, concurrency: int = 1, power_replicates: int = 200, same_seed: int = 50
-                 ) -> dict[str, list[dict]]:
+                 target=None, concurrency: int = 1, power_replicates: int = 200, same_seed: int = 50,
+                 speed_prompts: list[list[int]] | None = None) -> dict[str, list[dict]]:
     """The three sections for one engine and speculative mode: `on` and `off` are servers (context managers with
     a `url`: `engines.LlamaServer`, `served.OursServer`) of the same model with speculation on and off, started
     here one after the other. The distribution test compares samples drawn with disjoint seeds (off: 0..n-1, on:
     n..2n-1), so the two are independent whatever the engine does with a seed; `same_seed` more on-samples reuse
     the off-samples' seeds, to report how often the engine writes the same sample with speculation on (claim 2:
     the same distribution need not mean the same sample). A test whose samples pool into fewer than 2 cells
-    tests nothing (its detectable shift is NaN). Returns the tables: distribution, concurrency (speculation on,
-    and off as the control), divergences, speed."""
+    tests nothing (its detectable shift is NaN). `speed_prompts`: the speed row's prompts, each sent alone, greedy
+    (a larger set than the concurrency section's, so that its interval over prompts means something); without them
+    the speed row reuses the concurrency section's one-at-a-time completions. Returns the tables: distribution,
+    concurrency (speculation on, and off as the control), divergences, speed."""
     labels = dict(engine=engine, mode=mode)
     runs = {}
     with off as server:
         c = Client(server.url)
         off_runs = concurrency_runs(c, prompts, max_tokens=max_tokens, levels=levels)
+        off_speed = greedy(c, speed_prompts, max_tokens=max_tokens) if speed_prompts else off_runs[1]
         off_samples = {(name, i): first_tokens(c, p, n_samples=n_samples, n_tokens=n_tokens, cfg=cfg,
                                                concurrency=concurrency)
                        for name, cfg in settings.items() for i, p in enumerate(sample_prompts)}
@@ -444,6 +447,7 @@ def audit_engine(on, off, *, engine: str, mode: str, sample_prompts: list, setti
     with on as server:
         c = Client(server.url)
         runs = concurrency_runs(c, prompts, max_tokens=max_tokens, levels=levels)
+        on_speed = greedy(c, speed_prompts, max_tokens=max_tokens) if speed_prompts else runs[1]
         # the test's samples use other seeds than the off-samples (independent samples); a few use the same seeds,
         # to see whether the engine reproduces its own sample with speculation on
         on_samples = {k: first_tokens(c, sample_prompts[k[1]], n_samples=n_samples, n_tokens=n_tokens,
@@ -478,7 +482,7 @@ def audit_engine(on, off, *, engine: str, mode: str, sample_prompts: list, setti
     across, div_across = concurrency_rows({1: runs[1]}, reference=off_runs[1], target=target, prompt_ids=prompts,
                                           speculation=ALONE, **labels)
     return dict(distribution=distribution, concurrency=conc + conc_off + across,
-                divergences=div + div_off + div_across, speed=[speed_row(runs[1], off_runs[1], **labels)])
+                divergences=div + div_off + div_across, speed=[speed_row(on_speed, off_speed, **labels)])
 
 
 class Running:
