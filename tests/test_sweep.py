@@ -256,3 +256,22 @@ def test_verify_profile_divides_the_speculative_forwards_by_the_autoregressive_s
     assert S.verify_profile(target, 8, 2, dict.fromkeys(S.METHODS, "small_row")) == pytest.approx([1.0, 1.25, 1.5])
     assert type(target.lm_head) is LINEARS["small_row"]
     assert S.verify_profile(target, 8, 1) == pytest.approx([1.0, 1.25])
+
+
+def test_thread_effect_pairs_the_two_speedups_on_the_same_prompts():
+    """One thread: autoregressive 2.0 s and speculative 1.0 s per prompt (2x); two threads: 1.0 and 0.8 s (1.25x),
+    each prompt's times scaled by a per-prompt factor (long and short prompts) that must cancel."""
+    rng = np.random.default_rng(1)
+    scale = rng.uniform(0.5, 2.0, size=10)
+
+    def runs(ar, sd):
+        return [S.SweepRun(d, g, p, 0.0, secs * scale[p] * (1 + rng.uniform(-0.01, 0.01)), 10, 0.0, 0, [], [], [])
+                for p in range(10) for d, g, secs in (("", 0, ar), ("x", 2, sd))]
+
+    one, two = runs(2.0, 1.0), runs(1.0, 0.8)
+    r = S.thread_effect(one, two, "x", 2)
+    assert r.estimate == pytest.approx(2.0 / 1.25, rel=0.02) and r.lo > 1.5 and r.n_units == 10
+    r = S.thread_effect(two, one, "x", 2)  # the contrary: the fewer-thread runs gain less
+    assert r.estimate == pytest.approx(1.25 / 2.0, rel=0.02) and r.hi < 0.7
+    with pytest.raises(ValueError, match="no prompt"):
+        S.thread_effect(one, two, "y", 2)

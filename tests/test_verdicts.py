@@ -169,6 +169,26 @@ def test_regime():
     assert V.regime({}, {}).label == "not testable"
 
 
+def test_spare_compute_each_label_from_its_data():
+    slower = {"lens-16@4": (0.90, 0.86, 0.94), "lens-0@1": (0.98, 0.95, 1.02)}
+    v = V.spare_compute(1.40, 1.20, slower, tokens=5)  # the hypothesis borne out
+    assert v.label == "reproduces" and "more steps than on 2 threads (1.20" in v.reason
+    assert "reliably lower in 1 of 2 cells, reliably higher in 0" in v.reason and v.facts["lower"] == ["lens-16@4"]
+    faster = {"lens-16@4": (1.03, 1.01, 1.05), "lens-0@1": (1.03, 0.99, 1.06)}
+    v = V.spare_compute(1.14, 1.21, faster, tokens=5)  # shaped like 06's committed run: cheaper, gains more
+    assert v.label == "does not reproduce" and "fewer steps than" in v.reason and "reliably higher in 1" in v.reason
+    assert V.spare_compute(1.21, 1.20, faster, tokens=5).label == "does not reproduce"  # within the tolerance
+    assert V.spare_compute(1.40, 1.20, faster, tokens=5).label == "partly"  # costlier, yet gains more
+    assert V.spare_compute(1.10, 1.20, slower, tokens=5).label == "partly"  # cheaper, yet gains less
+    both = {"a@1": (0.9, 0.85, 0.95), "b@1": (1.1, 1.05, 1.15)}
+    assert V.spare_compute(1.40, 1.20, both, tokens=5).label == "partly"  # the cells point both ways
+    unclear = {"a@1": (0.98, 0.9, 1.05)}
+    assert V.spare_compute(1.40, 1.20, unclear, tokens=5).label == "partly"  # costlier, no cell distinguishable
+    assert V.spare_compute(1.10, 1.20, {"a@1": (0.9, float("nan"), float("nan"))}, tokens=5).label == "not testable"
+    assert V.spare_compute(float("nan"), 1.2, slower, tokens=5).label == "not testable"
+    assert V.spare_compute(1.4, 1.2, {}, tokens=5).label == "not testable"
+
+
 def test_engine_audit():
     ok = V.engine_audit([0.4, 0.7, 0.2], 0.04, 0, 0, compared=8)
     assert ok.label == "lossless at this power" and "0.040" in ok.reason and "0 of 8" in ok.reason

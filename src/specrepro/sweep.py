@@ -307,6 +307,35 @@ def speedup_ratio(runs: list[SweepRun], a: tuple[str, int], b: tuple[str, int], 
     return bench.speedup_interval(runs, f"{a[0]}@{a[1]}", baseline=f"{b[0]}@{b[1]}", seed=seed)
 
 
+def thread_effect(runs_few: list[SweepRun], runs_many: list[SweepRun], draft: str, gamma: int, *,
+                  seed: int = 0) -> intervals.Interval:
+    """How many times the speedup of (draft, gamma) over autoregressive decoding with fewer threads (`runs_few`)
+    is the speedup with more (`runs_many`), on the prompts both ran: (AR_few / SD_few) / (AR_many / SD_many) of
+    pooled decode times per token, with a 95% bootstrap interval over prompts resampled together in all four
+    runs (what a prompt does to both speedups cancels). Below 1: speculation gains less with fewer threads."""
+    def per_prompt(runs, name, g):
+        out = {}
+        for r in runs:
+            if (r.draft, r.gamma) == (name, g):
+                sec, tok = out.get(r.prompt, (0.0, 0))
+                out[r.prompt] = (sec + r.decode_seconds, tok + r.decode_tokens)
+        return out
+
+    parts = [per_prompt(runs_few, "", 0), per_prompt(runs_few, draft, gamma), per_prompt(runs_many, "", 0),
+             per_prompt(runs_many, draft, gamma)]
+    shared = sorted(set.intersection(*(set(p) for p in parts)))
+    if not shared:
+        raise ValueError(f"no prompt was run autoregressively and by {draft}@{gamma} in both sets of runs")
+    cols = [[p[k][i] for k in shared] for p in parts for i in (0, 1)]
+
+    def ratio(a_s, a_t, b_s, b_t, c_s, c_t, d_s, d_t):
+        def rate(s, t):
+            return np.sum(s) / np.sum(t)
+        return float((rate(a_s, a_t) / rate(b_s, b_t)) / (rate(c_s, c_t) / rate(d_s, d_t)))
+
+    return intervals.bootstrap(ratio, *cols, seed=seed)
+
+
 def alpha_interval(runs: list[SweepRun], *, seed: int = 0) -> intervals.Interval:
     """Pooled alpha (accepted / tested, `GenerationStats.alpha`) with a bootstrap interval over prompts; all nan
     when no draft token was tested (a lookup draft that never matched)."""

@@ -215,6 +215,9 @@ def batch_throughput(rows: Sequence[BatchRow], paper_gain: float = 3.0, at: int 
     return Verdict(label, reason, facts)
 
 
+IDENTICAL_SHARE = 0.99  # a quality cell whose answers are identical on this share of prompts is reported as such
+
+
 @dataclass(frozen=True)
 class QualityCell:
     """Both methods' quality on the same prompts: means, the paired difference's (1 - 2 level) interval, TOST's
@@ -240,15 +243,15 @@ class QualityCell:
 def quality(cells: Sequence[QualityCell]) -> Verdict:
     """Quality unchanged (Chen et al.: 45.1% -> 47.0% on HumanEval, small movements both ways).
 
-    A cell whose answers are (almost) all identical (>= 99%) is reported as identical outputs, not as an
+    A cell whose answers are (almost) all identical (>= `IDENTICAL_SHARE`) is reported as identical outputs, not as an
     equivalence test: the test passes there because there is nothing to test. The other cells count as shown
     unchanged when TOST rejects at their level; each reports the smallest difference its design detects at 80%
     power beside the paper's movement, and a cell whose detectable difference exceeds its margin is flagged as
     underpowered for that margin.
     reproduces: every tested cell equivalent and none underpowered; partly: every tested cell equivalent, some
     underpowered; does not reproduce: some tested cell not shown equivalent; not testable: nothing to test."""
-    same = [c for c in cells if c.identical >= 0.99]
-    tested = [c for c in cells if c.identical < 0.99]
+    same = [c for c in cells if c.identical >= IDENTICAL_SHARE]
+    tested = [c for c in cells if c.identical < IDENTICAL_SHARE]
     equiv = [c for c in tested if c.tost_p < c.level]
     weak = [c for c in tested if c.detectable is not None and c.detectable > c.margin]
     parts = [f"{c.task} {c.decoding}: identical outputs on {c.identical:.0%} of {c.n_prompts} prompts"
@@ -440,6 +443,43 @@ def regime(step_x_floor: Mapping[str, float], verify_steps: Mapping[str, float],
     if is_near and is_free:
         return Verdict("reproduces", reason, facts)
     return Verdict("partly" if is_near or is_free else "does not reproduce", reason, facts)
+
+
+def spare_compute(verify_few: float, verify_many: float, ratios: Mapping[str, tuple[float, float, float]], *,
+                  tokens: int, threads: tuple[int, int] = (1, 2), margin: float = 0.05) -> Verdict:
+    """06's hypothesis: with fewer CPU threads there is less spare compute, so a forward of `tokens` tokens costs
+    more decode steps and speculative decoding gains less. `verify_few`, `verify_many`: that forward in decode steps
+    with `threads[0]` and `threads[1]` threads; `ratios`: per (draft, gamma) cell, the speedup with fewer threads
+    over the speedup with more, paired on the same prompts (estimate, lo, hi; `sweep.thread_effect`). The forward
+    costs more (fewer) steps where it exceeds (falls below) the other by more than `margin`, a relative tolerance
+    for single readings. The data can agree with the hypothesis; they do not isolate spare compute as the cause.
+
+    reproduces (the data agree): the forward costs more steps with fewer threads and some cell's speedup is
+    reliably lower, none reliably higher; does not reproduce (the data contradict it): the forward costs no more
+    steps and no cell is reliably lower; partly: the rest (the cost and the speedups disagree, the cells point both
+    ways, or the forward costs more while no cell is distinguishable); not testable: a cost missing, no cell, or no
+    cell with an interval."""
+    few, many = _num(verify_few), _num(verify_many)
+    if math.isnan(few) or math.isnan(many) or not ratios:
+        return Verdict("not testable", "the verification was not measured at both thread counts, or no cell ran")
+    sides = {k: interval_side(lo, hi) for k, (_, lo, hi) in ratios.items()}
+    if all(side == "no interval" for side in sides.values()):
+        return Verdict("not testable", f"none of the {len(ratios)} cells has an interval (one prompt each)")
+    costlier, cheaper = few > many * (1 + margin), few < many * (1 - margin)
+    lower = [k for k, side in sides.items() if side == "below"]
+    higher = [k for k, side in sides.items() if side == "above"]
+    est = [_num(v[0]) for v in ratios.values()]
+    how = "more steps than" if costlier else "fewer steps than" if cheaper else "about as many steps as"
+    reason = (f"a {tokens}-token forward costs {few:.2f} decode steps on {threads[0]} thread(s), {how} on "
+              f"{threads[1]} threads ({many:.2f}; tolerance {margin:.0%}); the speedup on {threads[0]} thread(s) over "
+              f"the speedup on {threads[1]} threads, paired on the same prompts, is {min(est):.2f}-{max(est):.2f}: "
+              f"reliably lower in {len(lower)} of {len(ratios)} cells, reliably higher in {len(higher)}")
+    facts = dict(costlier=costlier, cheaper=cheaper, lower=lower, higher=higher)
+    if costlier and lower and not higher:
+        return Verdict("reproduces", reason + "; the data agree with the hypothesis", facts)
+    if not costlier and not lower:
+        return Verdict("does not reproduce", reason + "; the data contradict the hypothesis", facts)
+    return Verdict("partly", reason + "; the data neither agree nor contradict throughout", facts)
 
 
 def engine_audit(p_values: Sequence[float], detectable_shift: float, near_ties: int, other_divergences: int,
