@@ -85,3 +85,33 @@ def test_greedy_line_counts_identical_prompts_and_names_each_divergence():
     none = quality.greedy_line("text", {"prompts": 100, "exact_match": 1.0}, [], "rouge1", 0.0928, 0.0928)
     assert none == ("- text, greedy: the two methods wrote the same tokens for 100 of 100 prompts (rouge1 0.093 "
                     "autoregressive, 0.093 speculative)")
+    gapless = quality.greedy_line("text", {"prompts": 100, "exact_match": 0.99},
+                                  [{"task_id": 7, "position": 3, "kind": "unclassified", "gap": float("nan")}],
+                                  "rouge1", 0.09, 0.09, paper_move=-0.001)
+    assert "7 token 3 (unclassified, top-2 logit gap not computed)" in gapless
+    assert gapless.endswith("(rouge1 0.090 autoregressive, 0.090 speculative; Chen et al. moved -0.001 on their "
+                            "metric)")
+
+
+def _cell(identical: float, detectable: float = 0.05):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(metric="rouge1", autoregressive=0.108, ar_lo=0.096, ar_hi=0.121, speculative=0.121,
+                           spec_lo=0.110, spec_hi=0.132, n_prompts=100, equivalent=True, margin=0.03, mean_diff=0.013,
+                           diff_lo=0.002, diff_hi=0.024, tost_p=0.0075, power=0.93, detectable=detectable,
+                           identical=identical, truncated_ar=0.71, truncated_spec=0.72)
+
+
+def test_cell_line_reports_identical_outputs_only_where_they_are_identical():
+    summary = {"prompts": 100, "exact_match": 1.0}
+    line = quality.cell_line("text", "greedy", _cell(1.0), summary=summary, paper_move=-0.001)
+    assert line.startswith("- text, greedy: the two methods wrote the same tokens for 100 of 100 prompts")
+    # contrary: a greedy cell whose answers differ on 5% of prompts is tested, not called identical
+    line = quality.cell_line("text", "greedy", _cell(0.95), summary=summary | {"exact_match": 0.95, "near_ties": 3})
+    assert "equivalent within +-0.03" in line and "TOST p = 0.0075" in line and "wrote the same tokens" not in line
+    assert line.endswith("; the same tokens for 95 of 100 prompts, 3 of the others parting at a near-tie")
+    # a sampled cell is never reported as identical outputs, whatever its share
+    assert "TOST" in quality.cell_line("text", "nucleus", _cell(1.0), summary=summary)
+    line = quality.cell_line("text", "nucleus", _cell(0.0, detectable=0.04), paper_move=0.002)
+    assert "detects 0.040 at 80% power, Chen et al. moved +0.002" in line and "underpowered" in line
+    assert "underpowered" not in quality.cell_line("text", "nucleus", _cell(0.0, detectable=0.025))

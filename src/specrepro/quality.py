@@ -24,6 +24,7 @@ from .generate import decode_in_batches
 from .intervals import Interval, bootstrap
 from .numerics import Equivalence, detectable_difference, equivalence_power, paired_equivalence_test
 from .sampling import SamplingConfig
+from .verdicts import IDENTICAL_SHARE
 
 
 def answers(target, draft, prompts: list[list[int]], *, gamma: int, max_new_tokens: int, cfg: SamplingConfig,
@@ -104,15 +105,45 @@ def margin_in_units(task: str, examples: list[dict], margin: float) -> dict[str,
                 max=float(max(counts)))
 
 
-def greedy_line(task: str, summary: dict, divergences, metric: str, autoregressive: float, speculative: float) -> str:
+def greedy_line(task: str, summary: dict, divergences, metric: str, autoregressive: float, speculative: float,
+                paper_move: float | None = None) -> str:
     """03's Conclusions line for a greedy quality cell: identical tokens need no test, so the line counts the prompts
     on which both methods wrote the same tokens (`summary`: `equivalence.evaluate`'s, with `prompts` and
     `exact_match`) and names where each answer that differs parts (`divergences`: records with task_id, position,
-    kind and gap), beside both methods' mean `metric`."""
+    kind and gap; a gap that was not computed says so), beside both methods' mean `metric` and, where given, the
+    paper's movement on its own metric (`paper_move`: speculative minus autoregressive)."""
     same = round(summary["exact_match"] * summary["prompts"])
     divergences = list(divergences)
+
+    def gap(d):
+        g = d.get("gap")
+        return "top-2 logit gap not computed" if g is None or g != g else f"top-2 logit gap {g:.2g}"
+
     return (f"- {task}, greedy: the two methods wrote the same tokens for {same} of {summary['prompts']} prompts"
             + ("" if not divergences else f"; the {len(divergences)} that differ part at " + ", ".join(
-                f"{d['task_id']} token {d['position']} ({d['kind']}, top-2 logit gap {d['gap']:.2g})"
-                for d in divergences))
-            + f" ({metric} {autoregressive:.3f} autoregressive, {speculative:.3f} speculative)")
+                f"{d['task_id']} token {d['position']} ({d['kind']}, {gap(d)})" for d in divergences))
+            + f" ({metric} {autoregressive:.3f} autoregressive, {speculative:.3f} speculative"
+            + ("" if paper_move is None else f"; Chen et al. moved {paper_move:+.3f} on their metric") + ")")
+
+
+def cell_line(task: str, decoding: str, q, *, summary: dict | None = None, divergences=(),
+              paper_move: float | None = None) -> str:
+    """03's Conclusions line for one quality cell (`q`: a row of `quality.csv`, 03's columns). Where a greedy
+    cell's two methods wrote identical answers on at least `verdicts.IDENTICAL_SHARE` of the prompts and `summary`
+    (`equivalence.evaluate`'s token-level comparison) is given, the identical outputs are reported as such
+    (`greedy_line`): an equivalence test passes there because there is nothing to test. Otherwise the equivalence
+    test: both means with their intervals, TOST at the margin, its power, the smallest difference the design detects
+    at 80% power beside the paper's movement, flagged underpowered where that exceeds the margin (and, for a greedy
+    cell with its `summary`, how many answers differ and how many of them part at near-ties)."""
+    if decoding == "greedy" and summary is not None and q.identical >= IDENTICAL_SHARE:
+        return greedy_line(task, summary, divergences, q.metric, q.autoregressive, q.speculative, paper_move)
+    tokens = ("" if summary is None else f"; the same tokens for {round(summary['exact_match'] * summary['prompts'])} "
+              f"of {summary['prompts']} prompts, {summary.get('near_ties', 0)} of the others parting at a near-tie")
+    return (f"- {task}, {decoding}: {q.metric} {q.autoregressive:.3f} [{q.ar_lo:.3f}, {q.ar_hi:.3f}] autoregressive, "
+            f"{q.speculative:.3f} [{q.spec_lo:.3f}, {q.spec_hi:.3f}] speculative over {int(q.n_prompts)} prompts: "
+            f"{'equivalent' if q.equivalent else 'not shown equivalent'} within +-{q.margin:g} (difference "
+            f"{q.mean_diff:+.3f}, 90% CI [{q.diff_lo:+.3f}, {q.diff_hi:+.3f}], TOST p = {q.tost_p:.2g}, power "
+            f"{q.power:.2f}; the design detects {q.detectable:.3f} at 80% power"
+            + ("" if paper_move is None else f", Chen et al. moved {paper_move:+.3f} on their metric")
+            + ("; underpowered for this margin" if q.detectable > q.margin else "") + "); identical answers "
+            f"{q.identical:.0%}, truncated {q.truncated_ar:.0%} / {q.truncated_spec:.0%}" + tokens)
