@@ -223,8 +223,10 @@ def test_race_modes_times_each_mode_each_round_and_the_fastest_wins():
     fake = [dict(mode="a", round=i, ms=ms, error=None) for i, ms in enumerate([3.0, 2.0, 9.0])] + [
         dict(mode="b", round=i, ms=ms, error=None) for i, ms in enumerate([2.5, 2.6, 2.4])]
     assert walltime.fastest_mode(fake) == "b"  # the median, not the single best round
+    assert walltime.mode_medians(fake) == {"a": 3.0, "b": 2.5}
     fake[4] = dict(mode="b", round=1, ms=None, error="RuntimeError: boom")
     assert walltime.fastest_mode(fake) == "a"  # a mode that failed in any round is out
+    assert walltime.mode_medians(fake) == {"a": 3.0, "b": None}
     with pytest.raises(RuntimeError, match="no compile mode.*boom"):
         walltime.fastest_mode([fake[4]])
     with pytest.raises(ValueError, match="non-empty list"):

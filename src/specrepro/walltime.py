@@ -256,12 +256,18 @@ def race_modes(target, context: int, modes: Sequence[str], *, rounds: int = 3, r
     return rows
 
 
+def mode_medians(rows: list[dict]) -> dict[str, float | None]:
+    """Each mode of `race_modes`' rows, in race order: its median step time in ms over the rounds, or None where it
+    failed in a round (its rows' `error` says why)."""
+    times = {m: [r["ms"] for r in rows if r["mode"] == m] for m in dict.fromkeys(r["mode"] for r in rows)}
+    return {m: statistics.median(t) if all(x is not None for x in t) else None for m, t in times.items()}
+
+
 def fastest_mode(rows: list[dict]) -> str:
-    """The mode of `race_modes`' rows with the lowest median step time, among the modes that compiled in every
-    round (a mode that failed once is out: a decode would meet the same failure). Raises when none did."""
-    modes = list(dict.fromkeys(r["mode"] for r in rows))
-    ok = {m: [r["ms"] for r in rows if r["mode"] == m] for m in modes}
-    ok = {m: statistics.median(t) for m, t in ok.items() if t and all(x is not None for x in t)}
+    """The mode of `race_modes`' rows with the lowest median step time (`mode_medians`), among the modes that
+    compiled in every round (a mode that failed once is out: a decode would meet the same failure). Raises when
+    none did."""
+    ok = {m: ms for m, ms in mode_medians(rows).items() if ms is not None}
     if not ok:
         errors = "; ".join(f"{r['mode']}: {r['error']}" for r in rows if r["error"])
         raise RuntimeError(f"no compile mode compiled the decode step on this machine ({errors}); run with "
