@@ -347,8 +347,20 @@ def test_07s_bfloat16_sampled_rows_join_the_like_for_like_rows(tmp_path):
     assert verdict.startswith("partly: like for like (sampled, trained draft), 2 of 3")
     rows = t1[t1.source.str.contains("in bfloat16")]
     assert len(rows) == 2 and rows.like_for_like.all() and (rows.decoding == "nucleus").all()
+    assert (rows.over == "bfloat16 autoregressive").all()  # not over the float32 fastest: the table says so
+    fastest = t1[t1.source.str.startswith("ours, 07 (")]
+    assert len(fastest) == 1 and fastest.over.iloc[0] == "autoregressive, fastest configuration"
     (_, verdict, _), _ = with_bf16(0.6, 0.8)
     assert verdict.startswith("does not reproduce: like for like (sampled, trained draft), 0 of 3")
+
+
+def test_host_names_a_folders_machine_in_a_few_words():
+    assert summary.host({"environment": {"cpu": "Intel(R) Xeon(R) Processor", "device": "cpu"}}) == "Intel Xeon"
+    assert summary.host({"environment": {"cpu": "AMD EPYC"}}) == "AMD EPYC"
+    assert summary.host({"environment": {"device": "cuda", "gpu": "NVIDIA H100", "cpu": "x"}}) == "NVIDIA H100"
+    assert summary.host({}) == ""
+    assert summary.host({"environment": {"device": None, "gpu": "NVIDIA H100", "cpu": "AMD EPYC"}}) == "AMD EPYC"
+    assert summary._at({"environment": {"cpu": "Intel(R) Xeon(R) Processor"}}, "02") == "02, Intel Xeon"
 
 
 def test_the_numerics_row_tests_at_04s_own_level_and_says_differ_when_it_rejects(tmp_path):

@@ -9,6 +9,7 @@ the output folders' metrics.json and tables, never typed in. A claim whose noteb
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -42,10 +43,19 @@ def results(outputs: str | Path = paths.OUTPUTS) -> dict[str, dict]:
     return out
 
 
+def host(r: dict) -> str:
+    """A folder's host in a few words ("Intel Xeon", "AMD EPYC", a GPU's name), from its environment.json; "" where
+    it was not recorded."""
+    env = r.get("environment", {})
+    if (env.get("device") or "cpu") != "cpu" and env.get("gpu"):
+        return str(env["gpu"])
+    return re.sub(r"\s+", " ", re.sub(r"\((R|TM)\)|\bProcessor\b", "", env.get("cpu") or "")).strip()
+
+
 def _at(r: dict, notebook: str) -> str:
     """"02" or "02, <its host>": where a number was measured, for rows that set two folders' numbers side by side."""
-    host = r.get("environment", {}).get("cpu")
-    return f"{notebook}, {host}" if host else notebook
+    where = host(r)
+    return f"{notebook}, {where}" if where else notebook
 
 
 def _bound(v) -> float:
@@ -439,8 +449,10 @@ def summary_table(res: dict[str, dict], paper_claims: dict | None = None) -> pd.
 def table1_beside_chen(res: dict[str, dict], paper_claims: dict | None = None) -> pd.DataFrame:
     """Chen et al.'s Table 1 rows and ours in one table, the like-for-like rows first: source, task, decoding,
     draft, like_for_like (sampled with a trained draft, the mode of Chen et al.'s headline rows), quality metric,
-    method, quality, ms per token, speedup [95% CI], prompts. Ours: 03's Table-1 analog (each row at its fastest
-    kernel) and 07's fastest configuration, greedy and (section 2c) nucleus with a trained draft."""
+    method, quality, ms per token, speedup [95% CI], prompts; for ours also the host (`host`) and what the speedup
+    is over (`over`: 07's bfloat16 rows are over bfloat16 autoregressive decoding, not over the float32 fastest).
+    Ours: 03's Table-1 analog (each row at its fastest kernel) and 07's fastest configuration, greedy and (section
+    2c) nucleus with a trained draft, and (section 2d) bfloat16."""
     v = _values(paper_claims)
     chen = "Chen et al. 2023 (Chinchilla 70B, TPU, K=4)"
     rows = []
@@ -451,7 +463,7 @@ def table1_beside_chen(res: dict[str, dict], paper_claims: dict | None = None) -
             continue
         q_ar, q_sps = v[f"table1_{key}_quality"]
         base = dict(source=chen, task=task, decoding=decoding, draft="their trained draft",
-                    like_for_like=decoding != "greedy", metric=metric)
+                    like_for_like=decoding != "greedy", metric=metric, host="TPU", over="autoregressive")
         rows += [base | dict(method="autoregressive", quality=q_ar, ms_per_token=v["table1_ms_ar"], speedup=1.0),
                  base | dict(method="speculative", quality=q_sps, ms_per_token=v[f"table1_{key}_ms_sps"],
                              speedup=v[f"table1_{key}_speedup"])]
@@ -469,23 +481,26 @@ def table1_beside_chen(res: dict[str, dict], paper_claims: dict | None = None) -
                              metric=row.quality_metric, method=row.method, quality=row.quality,
                              quality_lo=row.quality_lo, quality_hi=row.quality_hi, ms_per_token=row.ms_per_token,
                              speedup=row.speedup, speedup_lo=row.speedup_lo, speedup_hi=row.speedup_hi,
-                             n_prompts=row.n_prompts))
+                             n_prompts=row.n_prompts, host=host(res["03-latency"]),
+                             over="autoregressive, fastest kernel"))
         lfl = res["03-latency"].get("like_for_like")
         for row in (lfl.itertuples() if lfl is not None else ()):
             rows.append(dict(source=f"ours, 03 section 1c (SmolLM2-135M, {cores}, eager, gamma {row.gamma}: "
                                     f"{row.chosen})", task=row.task, decoding=row.decoding, draft=row.draft,
                              like_for_like=bool(row.trained), method=row.method, ms_per_token=row.ms_per_token,
                              speedup=row.speedup, speedup_lo=row.speedup_lo, speedup_hi=row.speedup_hi,
-                             n_prompts=row.n_prompts))
+                             n_prompts=row.n_prompts, host=host(res["03-latency"]),
+                             over="autoregressive, fastest kernel"))
     if "07-regime" in res:
         r07 = res["07-regime"]
         m, task = r07["metrics"], r07.get("parameters", {}).get("task", "code")
 
-        def ours_07(where, decoding, s, draft, ms):  # s: 07's metrics for one race, each method at its fastest
+        def ours_07(where, decoding, s, draft, ms, over="autoregressive, fastest configuration"):
+            # s: 07's metrics for one race, each method at its fastest
             return dict(source=f"ours, 07 {where}", task=task, decoding=decoding, draft=draft,
                         like_for_like=decoding != "greedy" and models.is_trained(draft), method="speculative",
                         ms_per_token=ms, speedup=s["speedup"], speedup_lo=s["speedup_lo"], speedup_hi=s["speedup_hi"],
-                        n_prompts=s["n_prompts"])
+                        n_prompts=s["n_prompts"], host=host(r07), over=over)
 
         speed = r07["speed"]
         spec = speed[(speed.method == "speculative") & speed.fastest].iloc[0]
@@ -499,7 +514,7 @@ def table1_beside_chen(res: dict[str, dict], paper_claims: dict | None = None) -
                                 float(ms.iloc[0]) if len(ms) else float("nan")))
         for s in _bf16_sampled(m):  # section 2d: over bfloat16 autoregressive decoding
             rows.append(ours_07(f"section 2d in bfloat16 ({s['config']}, gamma {s['gamma']}: {s['chosen_by']})",
-                                "nucleus", s, s["draft"], float("nan")))
+                                "nucleus", s, s["draft"], float("nan"), over="bfloat16 autoregressive"))
     out = pd.DataFrame(rows)
     if out.empty:
         return out
