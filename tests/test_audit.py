@@ -154,6 +154,37 @@ def test_the_audit_passes_our_speculative_sampling_and_fails_a_planted_bug(pair6
     assert np.isnan(audit.exact_test(short, exact)["p_value"]) and np.isnan(audit.exact_test(a, None)["p_value"])
 
 
+def test_the_speed_arms_are_timed_interleaved_with_both_servers_up(pair64):
+    """Each prompt goes to both servers, the first of the two alternating, after one untimed warm-up each; drift
+    then falls on both arms alike. The servers stop afterwards."""
+    from specrepro.served import OursServer
+
+    target, draft = pair64
+    calls = []
+
+    class Spy(OursServer):
+        def __init__(self, name, *args, **kw):
+            super().__init__(*args, **kw)
+            self.name = name
+
+        def complete(self, body):
+            calls.append((self.name, tuple(body["prompt"]), body["max_tokens"]))
+            return super().complete(body)
+
+    prompts = [[0, 3, 5], [1, 2], [7, 7, 1]]
+    on, off = Spy("on", target, draft, gamma=2), Spy("off", target)
+    ons, offs = audit.interleaved(on, off, prompts, max_tokens=4)
+    assert [c[0] for c in calls] == ["off", "on", "off", "on", "on", "off", "off", "on"]
+    assert [c[2] for c in calls[:2]] == [2, 2] and all(c[2] == 4 for c in calls[2:])  # the warm-ups: 2 tokens
+    assert [c[1] for c in calls[2:]] == [(0, 3, 5)] * 2 + [(1, 2)] * 2 + [(7, 7, 1)] * 2
+    assert len(ons) == len(offs) == 3 and keys(ons) == keys(offs)  # greedy: the same tokens on and off
+    assert all(c.seconds > 0 for c in ons + offs)
+    with pytest.raises(ValueError, match="no prompts"):
+        audit.interleaved(on, off, [], max_tokens=4)
+    with pytest.raises(audit.ServerError):  # both servers stopped with the block
+        audit.Client(on.url).complete([0], max_tokens=1)
+
+
 def test_exact_test_falls_back_to_the_longest_testable_prefix_and_keeps_its_verdicts():
     # 2 first tokens x 100 second tokens, all equally likely: at 60 samples no continuation is expected 5 times
     exact = {(a, b): 1 / 200 for a in (7, 8) for b in range(100)}

@@ -407,6 +407,27 @@ def concurrency_rows(runs: dict[int, list[Completion]], *, reference: list[Compl
     return summaries, divergences
 
 
+def interleaved(on, off, prompts: list, *, max_tokens: int, warmup: int = 2) -> tuple[list[Completion],
+                                                                                     list[Completion]]:
+    """Section 3's timed completions: both servers up at once (`on` and `off` as `audit_engine` takes them), each
+    prompt sent alone to one and then the other, which goes first alternating from prompt to prompt, so that drift
+    of the machine's speed over the run falls on both arms alike instead of entering their ratio (timed one arm
+    after the other, two identical configurations read 0.69x and 0.84x in 08's run at 2a0a605). `warmup` greedy
+    tokens of the first prompt are asked of each server first, untimed. Returns (on, off), in `prompts`' order."""
+    if not prompts:
+        raise ValueError("no prompts to time")
+    ons, offs = [], []
+    with off as s_off, on as s_on:
+        a, b = Client(s_off.url), Client(s_on.url)
+        if warmup:
+            a.complete(prompts[0], max_tokens=warmup)
+            b.complete(prompts[0], max_tokens=warmup)
+        for i, p in enumerate(prompts):
+            for client, out in ([(a, offs), (b, ons)] if i % 2 == 0 else [(b, ons), (a, offs)]):
+                out.append(client.complete(p, max_tokens=max_tokens))
+    return ons, offs
+
+
 def speed_row(on: list[Completion], off: list[Completion], *, decode: bool = False, **labels) -> dict:
     """Section 3: tokens a second with speculation on over off, pooled over the prompts (each request alone), with
     its bootstrap interval over prompts, and the share of drafted tokens accepted. `decode`: over the server's own
@@ -430,16 +451,14 @@ def audit_engine(on, off, *, engine: str, mode: str, sample_prompts: list, setti
     n..2n-1), so the two are independent whatever the engine does with a seed; `same_seed` more on-samples reuse
     the off-samples' seeds, to report how often the engine writes the same sample with speculation on (claim 2:
     the same distribution need not mean the same sample). A test whose samples pool into fewer than 2 cells
-    tests nothing (its detectable shift is NaN). `speed_prompts`: the speed row's prompts, each sent alone, greedy
-    (a larger set than the concurrency section's, so that its interval over prompts means something); without them
-    the speed row reuses the concurrency section's one-at-a-time completions. Returns the tables: distribution,
+    tests nothing (its detectable shift is NaN). The speed row times `speed_prompts` (default: `prompts`), each sent
+    alone, greedy, to both servers up at once, interleaved (`interleaved`). Returns the tables: distribution,
     concurrency (speculation on, and off as the control), divergences, speed."""
     labels = dict(engine=engine, mode=mode)
     runs = {}
     with off as server:
         c = Client(server.url)
         off_runs = concurrency_runs(c, prompts, max_tokens=max_tokens, levels=levels)
-        off_speed = greedy(c, speed_prompts, max_tokens=max_tokens) if speed_prompts else off_runs[1]
         off_samples = {(name, i): first_tokens(c, p, n_samples=n_samples, n_tokens=n_tokens, cfg=cfg,
                                                concurrency=concurrency)
                        for name, cfg in settings.items() for i, p in enumerate(sample_prompts)}
@@ -447,7 +466,6 @@ def audit_engine(on, off, *, engine: str, mode: str, sample_prompts: list, setti
     with on as server:
         c = Client(server.url)
         runs = concurrency_runs(c, prompts, max_tokens=max_tokens, levels=levels)
-        on_speed = greedy(c, speed_prompts, max_tokens=max_tokens) if speed_prompts else runs[1]
         # the test's samples use other seeds than the off-samples (independent samples); a few use the same seeds,
         # to see whether the engine reproduces its own sample with speculation on
         on_samples = {k: first_tokens(c, sample_prompts[k[1]], n_samples=n_samples, n_tokens=n_tokens,
@@ -477,6 +495,7 @@ def audit_engine(on, off, *, engine: str, mode: str, sample_prompts: list, setti
             a = off_samples[r["setting"], r["prompt"]]
             r["detectable_shift"] = detectable_shift(empirical([x.key for x in a])[1], r["n_a"], r["n_b"],
                                                      replicates=power_replicates, alpha=0.05 / max(1, len(kept)))
+    on_speed, off_speed = interleaved(on, off, speed_prompts or prompts, max_tokens=max_tokens)
     conc, div = concurrency_rows(runs, target=target, prompt_ids=prompts, speculation="on", **labels)
     conc_off, div_off = concurrency_rows(off_runs, target=target, prompt_ids=prompts, speculation="off", **labels)
     across, div_across = concurrency_rows({1: runs[1]}, reference=off_runs[1], target=target, prompt_ids=prompts,
