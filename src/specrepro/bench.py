@@ -366,19 +366,22 @@ def summarize(runs: list[Run]) -> dict[str, dict]:
     return out
 
 
+def per_prompt(runs: list[Run], method: str) -> dict[int, tuple[float, int]]:
+    """`method`'s decode seconds and tokens per prompt, each prompt's repeats summed (runs with a `method` name, a
+    `prompt`, `decode_seconds` and `decode_tokens`: `Run`s, `sweep.SweepRun`s)."""
+    out = {}
+    for r in runs:
+        if r.method == method:
+            sec, tok = out.get(r.prompt, (0.0, 0))
+            out[r.prompt] = (sec + r.decode_seconds, tok + r.decode_tokens)
+    return out
+
+
 def speedup_interval(runs: list[Run], method: str, *, level: float = 0.95, seed: int = 0,
                      baseline: str = "autoregressive") -> intervals.Interval:
     """Pooled decode-time speedup of `method` over `baseline` with a percentile bootstrap interval over prompts
     (each prompt's repeats stay together); only prompts both methods ran count."""
-    def per_prompt(m):
-        out = {}
-        for r in runs:
-            if r.method == m:
-                sec, tok = out.get(r.prompt, (0.0, 0))
-                out[r.prompt] = (sec + r.decode_seconds, tok + r.decode_tokens)
-        return out
-
-    ar, other = per_prompt(baseline), per_prompt(method)
+    ar, other = per_prompt(runs, baseline), per_prompt(runs, method)
     shared = sorted(set(ar) & set(other))
     if not shared:
         raise ValueError(f"no prompt was run by both {baseline!r} and {method!r}")

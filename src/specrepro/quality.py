@@ -105,6 +105,11 @@ def margin_in_units(task: str, examples: list[dict], margin: float) -> dict[str,
                 max=float(max(counts)))
 
 
+def _same_tokens(summary: dict) -> int:
+    """Prompts on which both methods wrote the same tokens (`equivalence.evaluate`'s summary)."""
+    return round(summary["exact_match"] * summary["prompts"])
+
+
 def greedy_line(task: str, summary: dict, divergences, metric: str, autoregressive: float, speculative: float,
                 paper_move: float | None = None) -> str:
     """03's Conclusions line for a greedy quality cell: identical tokens need no test, so the line counts the prompts
@@ -112,7 +117,7 @@ def greedy_line(task: str, summary: dict, divergences, metric: str, autoregressi
     `exact_match`) and names where each answer that differs parts (`divergences`: records with task_id, position,
     kind and gap; a gap that was not computed says so), beside both methods' mean `metric` and, where given, the
     paper's movement on its own metric (`paper_move`: speculative minus autoregressive)."""
-    same = round(summary["exact_match"] * summary["prompts"])
+    same = _same_tokens(summary)
     divergences = list(divergences)
 
     def gap(d):
@@ -137,7 +142,7 @@ def cell_line(task: str, decoding: str, q, *, summary: dict | None = None, diver
     cell with its `summary`, how many answers differ and how many of them part at near-ties)."""
     if decoding == "greedy" and summary is not None and q.identical >= IDENTICAL_SHARE:
         return greedy_line(task, summary, divergences, q.metric, q.autoregressive, q.speculative, paper_move)
-    tokens = ("" if summary is None else f"; the same tokens for {round(summary['exact_match'] * summary['prompts'])} "
+    tokens = ("" if summary is None else f"; the same tokens for {_same_tokens(summary)} "
               f"of {summary['prompts']} prompts, {summary.get('near_ties', 0)} of the others parting at a near-tie")
     return (f"- {task}, {decoding}: {q.metric} {q.autoregressive:.3f} [{q.ar_lo:.3f}, {q.ar_hi:.3f}] autoregressive, "
             f"{q.speculative:.3f} [{q.spec_lo:.3f}, {q.spec_hi:.3f}] speculative over {int(q.n_prompts)} prompts: "

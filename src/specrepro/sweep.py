@@ -313,25 +313,15 @@ def thread_effect(runs_few: list[SweepRun], runs_many: list[SweepRun], draft: st
     is the speedup with more (`runs_many`), on the prompts both ran: (AR_few / SD_few) / (AR_many / SD_many) of
     pooled decode times per token, with a 95% bootstrap interval over prompts resampled together in all four
     runs (what a prompt does to both speedups cancels). Below 1: speculation gains less with fewer threads."""
-    def per_prompt(runs, name, g):
-        out = {}
-        for r in runs:
-            if (r.draft, r.gamma) == (name, g):
-                sec, tok = out.get(r.prompt, (0.0, 0))
-                out[r.prompt] = (sec + r.decode_seconds, tok + r.decode_tokens)
-        return out
-
-    parts = [per_prompt(runs_few, "", 0), per_prompt(runs_few, draft, gamma), per_prompt(runs_many, "", 0),
-             per_prompt(runs_many, draft, gamma)]
+    method = f"{draft}@{gamma}"
+    parts = [bench.per_prompt(runs, m) for runs in (runs_few, runs_many) for m in ("autoregressive", method)]
     shared = sorted(set.intersection(*(set(p) for p in parts)))
     if not shared:
-        raise ValueError(f"no prompt was run autoregressively and by {draft}@{gamma} in both sets of runs")
+        raise ValueError(f"no prompt was run autoregressively and by {method} in both sets of runs")
     cols = [[p[k][i] for k in shared] for p in parts for i in (0, 1)]
 
-    def ratio(a_s, a_t, b_s, b_t, c_s, c_t, d_s, d_t):
-        def rate(s, t):
-            return np.sum(s) / np.sum(t)
-        return float((rate(a_s, a_t) / rate(b_s, b_t)) / (rate(c_s, c_t) / rate(d_s, d_t)))
+    def ratio(*c):  # speedup with fewer threads over speedup with more
+        return intervals.speedup(*c[:4]) / intervals.speedup(*c[4:])
 
     return intervals.bootstrap(ratio, *cols, seed=seed)
 
