@@ -104,8 +104,40 @@ def test_git_commit_is_dirty_for_code_changes_not_for_waiting_outputs(tmp_path, 
     assert not report.git_commit().endswith("+dirty")
     (tmp_path / "outputs" / "metrics.json").write_text('{"a": 1}')
     assert not report.git_commit().endswith("+dirty")
+    (tmp_path / "README.md").write_text("prose\n")
+    git("add", "README.md")
+    assert not report.git_commit().endswith("+dirty")  # prose being edited changes no result
     (tmp_path / "code.py").write_text("x = 2\n")
     assert report.git_commit().endswith("+dirty")
+    assert report.code_commit(report.git_commit()) == report.git_commit()  # uncommitted code is its own state
+
+
+def test_code_commit_moves_with_code_not_with_results_or_prose(tmp_path, monkeypatch):
+    import subprocess
+
+    from specrepro import paths, report
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True).stdout.strip()
+
+    def commit(path, text):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+        git("add", path)
+        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", path)
+        return git("rev-parse", "HEAD")
+
+    git("init", "-q")
+    monkeypatch.setattr(paths, "ROOT", tmp_path)
+    code = commit("src/code.py", "x = 1\n")
+    assert report.code_commit() == code
+    results = commit("outputs/05-batch/metrics.json", "{}")
+    commit("docs/results.md", "05 ran\n")
+    commit("README.md", "05 ran\n")
+    assert report.code_commit() == code and report.code_commit(results) == code
+    newer = commit("notebooks/05-batch.ipynb", "{}")
+    assert report.code_commit() == newer and report.code_commit(results) == code
+    assert report.code_commit("0" * 40) == "unknown"  # not in this history
 
 
 def test_reproduce_skips_unchanged_notebooks_and_reruns_changed_or_forced(tmp_path, monkeypatch, capsys):

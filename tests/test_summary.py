@@ -363,6 +363,23 @@ def test_host_names_a_folders_machine_in_a_few_words():
     assert summary._at({"environment": {"cpu": "Intel(R) Xeon(R) Processor"}}, "02") == "02, Intel Xeon"
 
 
+def test_provenance_says_one_code_commit_only_when_every_folder_ran_the_same_code():
+    one = summary.provenance({"01-distribution": "a" * 40, "05-batch": "a" * 40})
+    assert one.startswith("All 2 folders") and "aaaaaaaaaa" in one
+    two = summary.provenance({"01-distribution": "a" * 40, "05-batch": "b" * 40 + "+dirty", "06-draft-sweep": "a" * 40})
+    assert "of 2 commits (not one)" in two
+    assert "aaaaaaaaaa: 01-distribution, 06-draft-sweep" in two and "bbbbbbbbbb+dirty: 05-batch" in two
+
+
+def test_code_commit_is_read_from_environment_json_or_derived_from_the_git_commit(monkeypatch):
+    from specrepro import report
+
+    assert summary.code_commit({"environment": {"code_commit": "c" * 40, "git_commit": "d" * 40}}) == "c" * 40
+    monkeypatch.setattr(report, "code_commit", lambda commit: f"code of {commit}")
+    assert summary.code_commit({"environment": {"git_commit": "d" * 40}}) == "code of " + "d" * 40
+    assert summary.code_commit({"environment": {}}) == "code of unknown"
+
+
 def test_the_numerics_row_tests_at_04s_own_level_and_says_differ_when_it_rejects(tmp_path):
     folder = tmp_path / "04-numerics"
     folder.mkdir()

@@ -1,8 +1,9 @@
 """Where a notebook's results go: figures, tables and metrics, each beside the environment that produced them.
 
 A notebook creates one `Report(out_dir, ...)` in its setup cell and sends every figure and table through it.
-`environment.json` records package versions, device, dtype, threads and the git commit, so any figure can be
-traced to the code and machine that drew it; the pipeline (`specrepro.pipeline`) adds `parameters.json`.
+`environment.json` records package versions, device, dtype, threads, the git commit and the code commit (the last
+commit that changed code, `code_commit`), so any figure can be traced to the code and machine that drew it; the
+pipeline (`specrepro.pipeline`) adds `parameters.json`.
 Every file is written through `paths.writing_file` (a temporary name, then a rename), so a crash never leaves half a
 file.
 """
@@ -29,16 +30,37 @@ PACKAGES = ("specrepro", "torch", "transformers", "accelerate", "datasets", "num
             "seaborn", "matplotlib", "papermill", "gguf")
 
 
+#: What no notebook computes with: results and prose. Commits that change only these leave every run's computation
+#: as it was (`code_commit`), and editing them does not make a run's checkout dirty (`git_commit`).
+NOT_CODE = ("outputs", "docs", "README.md", "CONTRIBUTING.md")
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=paths.ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+
 def git_commit() -> str:
-    """The checkout's commit, with '+dirty' if tracked files outside outputs/ (code, notebooks, data, docs) differ
-    from it; 'unknown' outside git. Other notebooks' results waiting in outputs/ to be committed do not change
-    what a run computes, so they do not count."""
+    """The checkout's commit, with '+dirty' if tracked files outside `NOT_CODE` (code, notebooks, data) differ from
+    it; 'unknown' outside git. Other notebooks' results waiting in outputs/ to be committed, and prose being edited,
+    do not change what a run computes, so they do not count."""
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=paths.ROOT, capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!outputs"],
-                               cwd=paths.ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        sha = _git("rev-parse", "HEAD")
+        dirty = _git("status", "--porcelain", "--untracked-files=no", "--", ".", *(f":!{p}" for p in NOT_CODE))
         return sha + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def code_commit(commit: str = "HEAD") -> str:
+    """The code a run at `commit` computed with, named by the last commit at or before it that changed anything
+    outside `NOT_CODE`. A full `make reproduce` takes longer than one sitting; its folders, committed one by one,
+    sit at different commits, yet share one code commit if no code changed between their runs, and then they are
+    results of one commit in every sense that matters. `commit` as `git_commit` writes it: a '+dirty' one ran
+    uncommitted code and is returned as it is; 'unknown' outside git or for a commit not in this history."""
+    if commit.endswith("+dirty"):
+        return commit
+    try:
+        return _git("log", "-1", "--format=%H", commit, "--", ".", *(f":!{p}" for p in NOT_CODE)) or "unknown"
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -73,7 +95,8 @@ def environment(device: str | torch.device | None = None, dtype: torch.dtype | N
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "device": str(device) if device is not None else None,
         "dtype": str(dtype).replace("torch.", "") if dtype is not None else None,
-        "git_commit": git_commit(),
+        "git_commit": (commit := git_commit()),
+        "code_commit": code_commit(commit),
         "packages": versions,
     }
     return env

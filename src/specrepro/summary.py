@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import audit, models, numerics, paths, verdicts
+from . import audit, models, numerics, paths, report, verdicts
 from .distribution import rule_power
 from .sweep import setting_key
 
@@ -50,6 +50,29 @@ def host(r: dict) -> str:
     if (env.get("device") or "cpu") != "cpu" and env.get("gpu"):
         return str(env["gpu"])
     return re.sub(r"\s+", " ", re.sub(r"\((R|TM)\)|\bProcessor\b", "", env.get("cpu") or "")).strip()
+
+
+def code_commit(r: dict) -> str:
+    """The code a folder's run computed with (`report.code_commit`), from its environment.json; derived from its git
+    commit for folders written before environment.json recorded it; "unknown" where neither was recorded."""
+    env = r.get("environment", {})
+    return env.get("code_commit") or report.code_commit(env.get("git_commit") or "unknown")
+
+
+def _short(commit: str) -> str:
+    return commit[:10] + ("+dirty" if commit.endswith("+dirty") else "")
+
+
+def provenance(code_commits: dict[str, str]) -> str:
+    """One sentence, computed: do these folders come from one code commit, and if not, which from which."""
+    by_commit: dict[str, list[str]] = {}
+    for name, commit in sorted(code_commits.items()):
+        by_commit.setdefault(commit, []).append(name)
+    if len(by_commit) == 1:
+        (commit,) = by_commit
+        return f"All {len(code_commits)} folders were computed by the code of one commit, {_short(commit)}."
+    return (f"The folders were computed by the code of {len(by_commit)} commits (not one): "
+            + "; ".join(f"{_short(c)}: {', '.join(names)}" for c, names in by_commit.items()) + ".")
 
 
 def _at(r: dict, notebook: str) -> str:
