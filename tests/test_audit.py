@@ -293,3 +293,28 @@ def test_a_break_is_the_batchs_only_where_speculation_on_and_off_agreed_alone_an
     # speculation on already differed from off alone: the concurrent output may just be off's (08's ngram-simple)
     assert not audit.batch_break([row("on", 2, 1), row("off", 2, 0), row("on vs off, one at a time", 1, 1)])
     assert not audit.batch_break([row("on", 2, 1), row("off", 2, 0)])  # the comparison alone did not run
+
+
+def test_a_divergence_at_a_token_the_engine_flips_without_speculation_counts_as_its_numerics():
+    """08's ngram-simple: speculation on diverged at prompt 4, token 5 (a 0.02-logit gap, no near-tie by our
+    tolerance), alone and under concurrency, and llama.cpp with speculation off flipped the same token at 2 requests
+    at once. The control isolates the flip from speculation; a divergence elsewhere is still speculation's."""
+    def div(speculation, prompt, position, kind="bug"):
+        return dict(speculation=speculation, concurrency=2, prompt=prompt, position=position, kind=kind)
+
+    def conc(speculation, other, concurrency=2):
+        return dict(speculation=speculation, concurrency=concurrency, prompts=8, near_ties=0, other=other,
+                    unclassified=0)
+
+    seen = [div("on", 4, 5), div("on vs off, one at a time", 4, 5), div("off", 4, 5)]
+    assert audit.engine_flips(seen) == 2
+    rows = [conc("on", 1), conc("off", 1), conc("on vs off, one at a time", 1, 1)]
+    v = audit.audit_verdict([], rows, seen)
+    assert v.label == "differs: numerics only" and "2 at tokens the engine also flipped" in v.reason
+    # contrary: off flipped another token, or nothing: speculation's divergence stands
+    other = [div("on", 4, 5), div("on vs off, one at a time", 4, 5), div("off", 4, 6)]
+    assert audit.engine_flips(other) == 0
+    assert audit.audit_verdict([], rows, other).label == "differs: not explained by numerics"
+    assert audit.audit_verdict([], rows).label == "differs: not explained by numerics"  # no divergence rows given
+    # a near-tie is counted as one already, not twice
+    assert audit.engine_flips([div("on", 4, 5, kind="near-tie"), div("off", 4, 5)]) == 0

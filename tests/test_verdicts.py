@@ -197,7 +197,16 @@ def test_engine_audit():
     assert v.label == "differs: not explained by numerics" and "1 of 3" in v.reason
     assert V.engine_audit([0.4, 0.03, 0.2], 0.04, 0, 0, compared=8).label == "lossless at this power"  # 0.09 > 0.05
     v = V.engine_audit([0.4], 0.04, 2, 0, compared=8)
-    assert v.label == "differs: near-ties only" and "2 at near-ties" in v.reason
+    assert v.label == "differs: numerics only" and "2 at near-ties" in v.reason
+    # a divergence beyond a near-tie at a token the engine flipped without speculation too: numerics, isolated
+    v = V.engine_audit([0.4], 0.04, 0, 2, compared=8, engine_flips=2)
+    assert v.label == "differs: numerics only" and "2 at tokens the engine also flipped" in v.reason
+    v = V.engine_audit([0.4], 0.04, 0, 2, compared=8, engine_flips=1)  # contrary: one of them is not such a token
+    assert v.label == "differs: not explained by numerics" and "1 elsewhere" in v.reason
+    v = V.engine_audit([0.4, 0.01, 0.2], 0.04, 0, 1, compared=8, engine_flips=1)  # a rejection still decides
+    assert v.label == "differs: not explained by numerics"
+    with pytest.raises(ValueError, match="engine_flips"):
+        V.engine_audit([0.4], 0.04, 0, 1, compared=8, engine_flips=2)
     v = V.engine_audit([0.4], 0.04, 2, 1, compared=8)
     assert v.label == "differs: not explained by numerics" and "1 elsewhere" in v.reason
     assert V.engine_audit([], float("nan"), 0, 0, compared=0).label == "not testable"
@@ -206,9 +215,9 @@ def test_engine_audit():
 
 def test_engines_claim():
     bug = {"planted": "differs: not explained by numerics"}
-    v = V.engines({"llama.cpp ngram": "lossless at this power", "llama.cpp draft": "differs: near-ties only"},
+    v = V.engines({"llama.cpp ngram": "lossless at this power", "llama.cpp draft": "differs: numerics only"},
                   planted=bug)
-    assert v.label == "does not reproduce" and "1 at near-ties only" in v.reason and "planted bug failed" in v.reason
+    assert v.label == "does not reproduce" and "1 by numerics only" in v.reason and "planted bug failed" in v.reason
     audits = {"llama.cpp ngram": "lossless at this power", "x": "differs: not explained by numerics"}
     v = V.engines(audits, planted=bug, batched={"x": True, "llama.cpp ngram": False})
     assert v.label == "reproduces" and v.facts["broken"] == ["x"] and "tied to batch > 1" in v.reason

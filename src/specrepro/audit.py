@@ -552,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
                            prompts=prompts, max_tokens=args.max_tokens, levels=args.concurrency,
                            power_replicates=args.power_replicates)
         report |= out
-        v = audit_verdict(out["distribution"], out["concurrency"])
+        v = audit_verdict(out["distribution"], out["concurrency"], out["divergences"])
         report["verdict"] = dict(label=v.label, reason=v.reason)
     print(json.dumps(report, indent=2, default=str))
     return 0
@@ -599,10 +599,20 @@ def speculation_tests(rows: list[dict], *, min_pairs: int = 20) -> tuple[list[di
     return kept, left_out
 
 
-def audit_verdict(distribution: list[dict], concurrency: list[dict]):
+def engine_flips(divergences: list[dict]) -> int:
+    """Of one engine and mode's greedy divergences with speculation on (`audit_engine`'s divergence rows), those not
+    at a near-tie that are at a token (prompt and position) where the same engine with speculation off also
+    diverged, under concurrency: a token its own numerics flip without speculation (the control of section 2)."""
+    off = {(d["prompt"], d["position"]) for d in divergences if d["speculation"] == "off"}
+    return sum(d["kind"] != "near-tie" and (d["prompt"], d["position"]) in off
+               for d in divergences if d["speculation"] != "off")
+
+
+def audit_verdict(distribution: list[dict], concurrency: list[dict], divergences: list[dict] | None = None):
     """`verdicts.engine_audit` for one engine and mode from `audit_engine`'s rows: the distribution tests that can
     speak about speculation (`speculation_tests`), and every greedy comparison with speculation on (alone against
-    off, and under concurrency against alone)."""
+    off, and under concurrency against alone), with the divergences at tokens the engine flips without speculation
+    too (`engine_flips`, where the divergence rows are given) counted as its numerics."""
     from .verdicts import engine_audit
 
     tests, left_out = speculation_tests(distribution)
@@ -610,7 +620,8 @@ def audit_verdict(distribution: list[dict], concurrency: list[dict]):
     return engine_audit([r["p_value"] for r in tests],
                         max((r["detectable_shift"] for r in tests), default=float("nan")),
                         sum(r["near_ties"] for r in spec), sum(_beyond_numerics(r) for r in spec),
-                        compared=sum(r["prompts"] for r in spec), left_out=left_out)
+                        compared=sum(r["prompts"] for r in spec), left_out=left_out,
+                        engine_flips=engine_flips(divergences or []))
 
 
 DEFAULT_PROMPTS = [

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 LABELS = ("reproduces", "in direction only", "partly", "does not reproduce", "not tested like for like",
-          "not testable", "lossless at this power", "differs: near-ties only", "differs: not explained by numerics")
+          "not testable", "lossless at this power", "differs: numerics only", "differs: not explained by numerics")
 
 
 @dataclass(frozen=True)
@@ -483,17 +483,23 @@ def spare_compute(verify_few: float, verify_many: float, ratios: Mapping[str, tu
 
 
 def engine_audit(p_values: Sequence[float], detectable_shift: float, near_ties: int, other_divergences: int,
-                 *, compared: int, alpha: float = 0.05, left_out: Sequence[str] = ()) -> Verdict:
+                 *, compared: int, alpha: float = 0.05, left_out: Sequence[str] = (), engine_flips: int = 0
+                 ) -> Verdict:
     """An engine's speculative decoding (`specrepro.audit`): is it lossless? `p_values`: the distribution tests of
     speculation on against off (one per prompt and setting, Bonferroni-corrected here); `detectable_shift`: the
     largest over them of the total-variation shift each detects at 80% power; `near_ties` / `other_divergences`:
     greedy outputs (speculation on, alone or concurrent) that differ from the reference, classified by the
-    reference's logit gap at the first divergence; `compared`: greedy outputs compared; `left_out`: the tests that
-    could not speak about speculation and why (`audit.speculation_tests`), named in the reason.
+    reference's logit gap at the first divergence; `engine_flips`: those of `other_divergences` at a token the
+    engine also changed with speculation off (its own numerics, batching say, reach across that gap: the control
+    isolates it from speculation); `compared`: greedy outputs compared; `left_out`: the tests that could not speak
+    about speculation and why (`audit.speculation_tests`), named in the reason.
 
     differs: not explained by numerics: a distribution test rejects, or a greedy output diverges where the
-    reference's top two logits are not tied; differs: near-ties only: every divergence is at a near-tie;
-    lossless at this power: neither (with the shift the design could have missed)."""
+    reference's top two logits are not tied and the engine without speculation never flipped that token; differs:
+    numerics only: every divergence is at a near-tie or at such a token; lossless at this power: neither (with the
+    shift the design could have missed)."""
+    if not 0 <= engine_flips <= other_divergences:
+        raise ValueError(f"engine_flips counts among other_divergences: got {engine_flips} of {other_divergences}")
     ps = [_num(p) for p in p_values]
     if not ps and not compared:
         return Verdict("not testable", "no distribution test and no greedy comparison ran")
@@ -502,17 +508,20 @@ def engine_audit(p_values: Sequence[float], detectable_shift: float, near_ties: 
     smallest = min(ps) if ps else float("nan")
     facts = dict(tests=len(ps), left_out=len(left_out),
                  rejected=len(rejected), smallest_p=smallest, detectable_shift=detectable_shift,
-                 near_ties=near_ties, other_divergences=other_divergences, compared=compared)
+                 near_ties=near_ties, other_divergences=other_divergences, engine_flips=engine_flips,
+                 compared=compared)
     dist = (f"{len(rejected)} of {len(ps)} distribution tests reject at {alpha} (Bonferroni; smallest p "
             f"{smallest:.3g})" if ps else "no distribution test ran")
     if left_out:
         dist += f" ({len(left_out)} left out: {'; '.join(left_out)})"
+    unexplained = other_divergences - engine_flips
+    flips = f"{engine_flips} at tokens the engine also flipped with speculation off, " if engine_flips else ""
     greedy = (f"{near_ties + other_divergences} of {compared} greedy outputs diverge ({near_ties} at near-ties, "
-              f"{other_divergences} elsewhere)")
-    if rejected or other_divergences:
+              f"{flips}{unexplained} elsewhere)")
+    if rejected or unexplained:
         return Verdict("differs: not explained by numerics", f"{dist}; {greedy}", facts)
-    if near_ties:
-        return Verdict("differs: near-ties only", f"{dist}; {greedy}", facts)
+    if near_ties or engine_flips:
+        return Verdict("differs: numerics only", f"{dist}; {greedy}", facts)
     power = (f"; a shift of {detectable_shift:.3f} in total variation would have been detected with 80% power"
              if ps else "")
     return Verdict("lossless at this power", f"{dist}; {greedy}{power}", facts)
@@ -537,7 +546,7 @@ def engines(audits: Mapping[str, str], *, planted: Mapping[str, str] | None = No
         why = (f"the audit missed the planted bug(s) {missed}" if missed else "no engine was audited")
         return Verdict("not testable", why, dict(missed=missed))
     broken = [m for m, label in audits.items() if label == "differs: not explained by numerics"]
-    ties = [m for m, label in audits.items() if label == "differs: near-ties only"]
+    ties = [m for m, label in audits.items() if label == "differs: numerics only"]
     in_batch = [m for m, b in (batched or {}).items() if b and m in audits]
     facts = dict(audited=len(audits), broken=broken, near_ties=ties, batch_breaks=in_batch)
     caught = f"; the planted bug{'s' if len(planted) > 1 else ''} failed the same audit" if planted else ""
@@ -549,4 +558,4 @@ def engines(audits: Mapping[str, str], *, planted: Mapping[str, str] | None = No
         return Verdict("reproduces" if in_batch else "partly", f"{len(broken)} of {len(audits)} audited modes "
                        f"differ beyond numerics: {', '.join(broken)}{where}{caught}", facts)
     return Verdict("does not reproduce", f"none of the {len(audits)} audited modes ({', '.join(audits)}) differs "
-                   f"beyond numerics{f' ({len(ties)} at near-ties only)' if ties else ''}{caught}", facts)
+                   f"beyond numerics{f' ({len(ties)} by numerics only)' if ties else ''}{caught}", facts)
