@@ -2,8 +2,6 @@
 distribution, errors and the fallback. Mode "eager" runs the static-cache bookkeeping uncompiled (fast); the tests
 marked `compiles` run inductor on tiny models (about ten seconds per graph on 2 cores)."""
 
-import contextlib
-
 import pytest
 import torch
 
@@ -211,50 +209,3 @@ def test_the_cpp_wrapper_mode_gives_the_eager_paths_tokens():
     got = speculative_generate(target, draft, PROMPTS[0], gamma=2, max_new_tokens=12, temperature=0.0,
                                compile="max-autotune-cpp")
     assert torch.equal(got.sequences, ref.sequences)
-
-
-def test_warm_graphs_skip_the_guards_and_first_calls_check_them(pair64, monkeypatch):
-    """A graph's first call on a cache runs with every guard (it may compile); once a call compiled nothing, the
-    cache's later calls of that graph skip the guards that tell no entries apart (`compiled.skipping_guards`)."""
-    target, draft = pair64
-    calls = []
-    real_call, real_skip = compiled.call_compiled, compiled.skipping_guards
-    state = {"skipping": False}
-
-    @contextlib.contextmanager
-    def spy_skip():
-        state["skipping"] = True
-        with real_skip():
-            yield
-        state["skipping"] = False
-
-    def spy_call(step, args, **kw):
-        calls.append((args[3], state["skipping"]))  # (width, skipping)
-        return real_call(step, args, **kw)
-
-    monkeypatch.setattr(compiled, "skipping_guards", spy_skip)
-    monkeypatch.setattr(compiled, "call_compiled", spy_call)
-    m = StaticCachedModel(target, "target", [], block=4, slots=SLOT_BUCKET, mode="dynamo")
-    m.feed([[0, 3, 5, 1, 2, 6]], 1)  # the prefill: eager, no compiled call
-    for _ in range(4):
-        m.feed([[1]], 1)
-        m.feed([[2, 3]], 2)  # padded to the block of 4
-    by_width = {w: [s for ww, s in calls if ww == w] for w in (1, 4)}
-    for w, flags in by_width.items():
-        assert len(flags) == 4 and not flags[0], (w, flags)  # the first call checks every guard
-        assert all(flags[2:]), (w, flags)  # warm by the second guarded call at the latest: the rest skip
-    assert m.warm == {(False, 1), (False, 4)}
-
-
-@pytest.mark.compiles
-@pytest.mark.filterwarnings("error::RuntimeWarning")
-def test_two_models_through_one_compiled_function_keep_their_own_graphs_when_guards_are_skipped():
-    """Two targets of one shape, their weights frozen into their graphs (mode "default"), decoded in turn: each
-    gives its own eager tokens, so the guards skipped on warm graphs never hand one model the other's graph."""
-    a, _ = tiny_pair(64, seed=5, dtype=torch.float32)
-    b, _ = tiny_pair(64, seed=6, dtype=torch.float32)
-    refs = {id(m): autoregressive_generate(m, PROMPTS[0], max_new_tokens=10, temperature=0).sequences for m in (a, b)}
-    assert not torch.equal(refs[id(a)], refs[id(b)])  # the two models must be told apart by their tokens
-    for model in (a, b, a, b):
-        got = autoregressive_generate(model, PROMPTS[0], max_new_tokens=10, temperature=0, compile="default")
-        assert torch.equal(got.sequences, refs[id(model)])

@@ -15,16 +15,7 @@ memory-bound only once the per-step overhead is gone, and most of that overhead 
   heads left to the kernel (`_sdpa_gqa`; on SmolLM2 the same logits, bit for bit; 07 section 1 times the step
   every run);
 - rolling back moves the fill level (`StaticCache.crop`), nothing is copied; the padding of a short block is rolled
-  back the same way right after its forward, so the cache never holds a token of it;
-- once a graph is warm on a cache (a call of it compiled nothing new), its later calls skip the evaluation of
-  torch's guards that never told two compiled entries apart (`torch.compiler.set_stance(skip_guard_eval_unsafe=
-  True)`; the guards on tensors' shapes, and every guard that has failed once, a model's identity among them, are
-  still checked). On the 2-core AMD EPYC host the guards took 1.3 ms of a 25 ms compiled decode step in torch's
-  profiler ("TorchDynamo Cache Lookup", `walltime.step_profile`), and skipping them made the 1-token and 4-token
-  steps about 4% faster (median of paired per-round ratios 0.955 and 0.964, faster in 28 and 25 of 40 rounds; an
-  exploratory side-by-side timing, not a notebook's). Unsafe in general, because an input that no entry fits could
-  be given one that does not fit; here the first calls of every graph on every cache run with all guards, and
-  nothing about a cache's graphs changes while it decodes;
+  back the same way right after its forward, so the cache never holds a token of it.
 
 On the CPU, compilation alone does not reach the floor: with torch's own product the linear layers stay far below
 the memory's speed (`specrepro.kernels`). With this package's few-row kernel (`kernels.use_kernel(model,
@@ -55,7 +46,6 @@ lookup, the lookup hybrid: no forward worth compiling) keeps its eager path.
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from dataclasses import dataclass
 
@@ -226,21 +216,6 @@ def call_compiled(step, args: tuple, *, eager, who: str):
         return eager(*args), eager
 
 
-def _graphs() -> int:
-    """How many graphs dynamo has compiled in this process."""
-    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
-
-
-def skipping_guards():
-    """The calls of warm graphs: only the guards that tell compiled entries apart are evaluated
-    (`torch.compiler.set_stance(skip_guard_eval_unsafe=True)`), where the compiler's stance is the default one; any
-    other stance a caller set (force_eager, say) is left as it is."""
-    stance = getattr(getattr(torch._dynamo.eval_frame, "_stance", None), "stance", "default")
-    if stance != "default":
-        return contextlib.nullcontext()
-    return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
-
-
 def compiles(model) -> bool:
     """Whether the compiled path applies to `model`: a module without a cache of its own."""
     return isinstance(model, torch.nn.Module) and not hasattr(model, "make_cache")
@@ -263,7 +238,6 @@ class StaticCachedModel(CachedModel):
         self.block, self.capacity, self.mode = block, slots, mode
         self.keyword = cache_kwarg(model)
         self.steps = {False: compiled_forward(mode), True: compiled_forward(mode, features=True)}
-        self.warm: set[tuple[bool, int]] = set()  # graphs (features, width) whose last guarded call compiled nothing
 
     @property
     def slots(self) -> int:
@@ -312,15 +286,7 @@ class StaticCachedModel(CachedModel):
         layers = self.hidden_layers
         eager = _forward_features if layers else _forward
         args = (self.model, ids, self.cache, width, self.keyword) + ((layers,) if layers else ())
-        key = (bool(layers), width)
-        if key in self.warm:
-            with skipping_guards():
-                out, kept = call_compiled(self.steps[bool(layers)], args, eager=eager, who=self.who)
-        else:
-            graphs = _graphs()
-            out, kept = call_compiled(self.steps[bool(layers)], args, eager=eager, who=self.who)
-            if _graphs() == graphs:  # nothing compiled: the graph this cache needs exists, its guards fit
-                self.warm.add(key)
+        out, kept = call_compiled(self.steps[bool(layers)], args, eager=eager, who=self.who)
         if kept is eager:  # compilation failed (or mode "eager"): both widths' graphs run uncompiled from now on
             self.steps, self.mode = {False: _forward, True: _forward_features}, "eager"
         return (out[0].clone(), out[1].clone()) if layers else (out.clone(), None)
