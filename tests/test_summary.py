@@ -367,8 +367,17 @@ def test_provenance_says_one_code_commit_only_when_every_folder_ran_the_same_cod
     one = summary.provenance({"01-distribution": "a" * 40, "05-batch": "a" * 40})
     assert one.startswith("All 2 folders") and "aaaaaaaaaa" in one
     two = summary.provenance({"01-distribution": "a" * 40, "05-batch": "b" * 40 + "+dirty", "06-draft-sweep": "a" * 40})
-    assert "of 2 commits (not one)" in two
+    assert "of 1 commit and 1 of uncommitted or unrecorded code (not one)" in two
+    assert "of 2 commits (not one)" in summary.provenance({"01-distribution": "a" * 40, "05-batch": "c" * 40})
     assert "aaaaaaaaaa: 01-distribution, 06-draft-sweep" in two and "bbbbbbbbbb+dirty: 05-batch" in two
+    # two runs of one HEAD with uncommitted edits, or with no recorded commit, share no code as far as anyone knows
+    dirty = summary.provenance({"01-distribution": "b" * 40 + "+dirty", "05-batch": "b" * 40 + "+dirty"})
+    assert "0 commits and 2 of uncommitted or unrecorded code (not one)" in dirty
+    assert "(not one)" in summary.provenance({"01-distribution": "unknown", "05-batch": "unknown"})
+    assert summary.provenance({"05-batch": "unknown"}).endswith("(not one): unknown: 05-batch.")
+    mixed = summary.provenance({"01-distribution": "a" * 40, "05-batch": "unknown"})
+    assert "of 1 commit and 1 of uncommitted" in mixed and "aaaaaaaaaa: 01-distribution" in mixed
+    assert summary.provenance({}).startswith("No result folders")
 
 
 def test_code_commit_is_read_from_environment_json_or_derived_from_the_git_commit(monkeypatch):

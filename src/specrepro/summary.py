@@ -64,15 +64,23 @@ def _short(commit: str) -> str:
 
 
 def provenance(code_commits: dict[str, str]) -> str:
-    """One sentence, computed: do these folders come from one code commit, and if not, which from which."""
-    by_commit: dict[str, list[str]] = {}
+    """One sentence, computed: do these folders come from one code commit, and if not, which from which. A folder
+    whose run had uncommitted code ('+dirty') or no recorded commit ('unknown') shares its code with no other: two
+    dirty runs of one HEAD may have run different edits."""
+    if not code_commits:
+        return "No result folders, so no code commit behind them."
+    unsure = sorted(n for n, c in code_commits.items() if c.endswith("+dirty") or c == "unknown")
+    groups: dict[str, list[str]] = {}
     for name, commit in sorted(code_commits.items()):
-        by_commit.setdefault(commit, []).append(name)
-    if len(by_commit) == 1:
-        (commit,) = by_commit
+        if name not in unsure:
+            groups.setdefault(commit, []).append(name)
+    if len(groups) == 1 and not unsure:
+        (commit,) = groups
         return f"All {len(code_commits)} folders were computed by the code of one commit, {_short(commit)}."
-    return (f"The folders were computed by the code of {len(by_commit)} commits (not one): "
-            + "; ".join(f"{_short(c)}: {', '.join(names)}" for c, names in by_commit.items()) + ".")
+    head = (f"The folders were computed by the code of {len(groups)} commit{'' if len(groups) == 1 else 's'}"
+            + (f" and {len(unsure)} of uncommitted or unrecorded code" if unsure else "") + " (not one): ")
+    return head + "; ".join([f"{_short(c)}: {', '.join(names)}" for c, names in groups.items()]
+                            + [f"{_short(code_commits[n])}: {n}" for n in unsure]) + "."
 
 
 def _at(r: dict, notebook: str) -> str:

@@ -490,9 +490,10 @@ def engine_audit(p_values: Sequence[float], detectable_shift: float, near_ties: 
     largest over them of the total-variation shift each detects at 80% power; `near_ties` / `other_divergences`:
     greedy outputs (speculation on, alone or concurrent) that differ from the reference, classified by the
     reference's logit gap at the first divergence; `engine_flips`: those of `other_divergences` at a token the
-    engine also changed with speculation off (its own numerics, batching say, reach across that gap: the control
-    isolates it from speculation); `compared`: greedy outputs compared; `left_out`: the tests that could not speak
-    about speculation and why (`audit.speculation_tests`), named in the reason.
+    engine also changed with speculation off (its own numerics, batching say, reach across that gap without any
+    speculation: the divergence is consistent with numerics, not proven to come from them); `compared`: greedy
+    outputs compared; `left_out`: the tests that could not speak about speculation and why
+    (`audit.speculation_tests`), named in the reason.
 
     differs: not explained by numerics: a distribution test rejects, or a greedy output diverges where the
     reference's top two logits are not tied and the engine without speculation never flipped that token; differs:
@@ -548,7 +549,7 @@ def engines(audits: Mapping[str, str], *, planted: Mapping[str, str] | None = No
     broken = [m for m, label in audits.items() if label == "differs: not explained by numerics"]
     ties = [m for m, label in audits.items() if label == "differs: numerics only"]
     in_batch = [m for m, b in (batched or {}).items() if b and m in audits]
-    facts = dict(audited=len(audits), broken=broken, near_ties=ties, batch_breaks=in_batch)
+    facts = dict(audited=len(audits), broken=broken, numerics_only=ties, batch_breaks=in_batch)
     caught = f"; the planted bug{'s' if len(planted) > 1 else ''} failed the same audit" if planted else ""
     if broken:
         where = (f"; tied to batch > 1 (greedy outputs change under concurrency with speculation on, not off): "
