@@ -188,6 +188,10 @@ def test_the_inputs_key_covers_the_machine_but_not_its_kernel_build(tmp_path, mo
     assert inputs_key(nb, {"a": 2}) != key
     monkeypatch.setattr(platform, "platform", lambda *a, **k: "Linux-9.9.9-another-kernel-build")
     assert inputs_key(nb, {"a": 1}) == key  # a kernel update on the same host
+    from specrepro import report
+
+    monkeypatch.setattr(report, "code_commit", lambda commit="HEAD": "another commit")
+    assert inputs_key(nb, {"a": 1}) == key  # the files themselves are hashed: a commit elsewhere voids nothing
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(threads + 1)

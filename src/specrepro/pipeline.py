@@ -58,7 +58,8 @@ def inputs_key(notebook: Path, parameters: dict[str, Any]) -> str:
         name = str(f.relative_to(paths.ROOT)) if f.is_relative_to(paths.ROOT) else f.name
         h.update(name.encode() + b"\0" + f.read_bytes() + b"\0")
     h.update(json.dumps({k: v for k, v in parameters.items() if k != "out_dir"}, sort_keys=True, default=str).encode())
-    machine = {k: v for k, v in environment().items() if k not in ("git_commit", "device", "dtype", "platform")}
+    machine = {k: v for k, v in environment().items()
+               if k not in ("git_commit", "code_commit", "device", "dtype", "platform")}
     machine["os"] = f"{platform.system()} {platform.machine()}"
     h.update(json.dumps(machine, sort_keys=True, default=str).encode())
     return h.hexdigest()
