@@ -33,6 +33,7 @@ PACKAGES = ("specrepro", "torch", "transformers", "accelerate", "datasets", "num
 #: What no notebook computes with: results and prose. Commits that change only these leave every run's computation
 #: as it was (`code_commit`), and editing them does not make a run's checkout dirty (`git_commit`).
 NOT_CODE = ("outputs", "docs", "README.md", "CONTRIBUTING.md")
+_CODE = (".", *(f":!{p}" for p in NOT_CODE))  # git's pathspec for everything else
 
 
 def _git(*args: str) -> str:
@@ -45,7 +46,7 @@ def git_commit() -> str:
     do not change what a run computes, so they do not count."""
     try:
         sha = _git("rev-parse", "HEAD")
-        dirty = _git("status", "--porcelain", "--untracked-files=no", "--", ".", *(f":!{p}" for p in NOT_CODE))
+        dirty = _git("status", "--porcelain", "--untracked-files=no", "--", *_CODE)
         return sha + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -60,7 +61,7 @@ def code_commit(commit: str = "HEAD") -> str:
     if commit.endswith("+dirty"):
         return commit
     try:
-        return _git("log", "-1", "--format=%H", commit, "--", ".", *(f":!{p}" for p in NOT_CODE)) or "unknown"
+        return _git("log", "-1", "--format=%H", commit, "--", *_CODE) or "unknown"
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
