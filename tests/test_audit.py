@@ -298,7 +298,8 @@ def test_a_break_is_the_batchs_only_where_speculation_on_and_off_agreed_alone_an
 def test_a_divergence_at_a_token_the_engine_flips_without_speculation_counts_as_its_numerics():
     """08's ngram-simple: speculation on diverged at prompt 4, token 5 (a 0.02-logit gap, no near-tie by our
     tolerance), alone and under concurrency, and llama.cpp with speculation off flipped the same token at 2 requests
-    at once. The control isolates the flip from speculation; a divergence elsewhere is still speculation's."""
+    at once: the flip is within llama.cpp's numerics without speculation (consistent with numerics, not proof); a
+    divergence elsewhere is still speculation's."""
     def div(speculation, prompt, position, kind="bug"):
         return dict(speculation=speculation, concurrency=2, prompt=prompt, position=position, kind=kind)
 

@@ -198,7 +198,7 @@ def test_engine_audit():
     assert V.engine_audit([0.4, 0.03, 0.2], 0.04, 0, 0, compared=8).label == "lossless at this power"  # 0.09 > 0.05
     v = V.engine_audit([0.4], 0.04, 2, 0, compared=8)
     assert v.label == "differs: numerics only" and "2 at near-ties" in v.reason
-    # a divergence beyond a near-tie at a token the engine flipped without speculation too: numerics, isolated
+    # a divergence beyond a near-tie at a token the engine flipped without speculation too: counted as numerics
     v = V.engine_audit([0.4], 0.04, 0, 2, compared=8, engine_flips=2)
     assert v.label == "differs: numerics only" and "2 at tokens the engine also flipped" in v.reason
     v = V.engine_audit([0.4], 0.04, 0, 2, compared=8, engine_flips=1)  # contrary: one of them is not such a token
