@@ -209,3 +209,43 @@ def test_the_cpp_wrapper_mode_gives_the_eager_paths_tokens():
     got = speculative_generate(target, draft, PROMPTS[0], gamma=2, max_new_tokens=12, temperature=0.0,
                                compile="max-autotune-cpp")
     assert torch.equal(got.sequences, ref.sequences)
+
+
+def test_the_graph_key_follows_what_the_package_changes_on_a_model():
+    """`graph_key` stands in for torch's guards on the model's modules: it must change with the model object, the
+    linear layers' kernel, the dtype and train/eval, and stay put otherwise."""
+    from specrepro.kernels import use_kernel
+
+    a, _ = tiny_pair(64, seed=3, dtype=torch.float32)
+    b, _ = tiny_pair(64, seed=3, dtype=torch.float32)  # the same weights: another object all the same
+    key = compiled.graph_key(a)
+    assert compiled.graph_key(a) == key and compiled.graph_key(b) != key
+    use_kernel(a, "small_row")
+    assert compiled.graph_key(a) != key
+    use_kernel(a, "stock")
+    assert compiled.graph_key(a) == key
+    a.train()
+    assert compiled.graph_key(a) != key
+    a.eval()
+    a.to(torch.float64)
+    assert compiled.graph_key(a) != key
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_each_model_and_kernel_gets_a_graph_of_its_own():
+    """The compiled forwards skip torch's guards on the model's modules: without `graph_key`, a second model of the
+    same shapes, or the same model after a kernel switch, would run the first graph (one graph for all three runs
+    here, measured), and a race of kernels would time one kernel under every name."""
+    from torch._dynamo.utils import counters
+
+    from specrepro.kernels import use_kernel
+
+    a, b = (tiny_pair(64, seed=s, dtype=torch.float32)[0] for s in (5, 6))
+    before = counters["stats"]["unique_graphs"]
+    runs = [(a, "stock"), (b, "stock"), (a, "small_row"), (a, "stock")]
+    for model, kernel in runs:
+        use_kernel(model, kernel)
+        ref = autoregressive_generate(model, PROMPTS[2], max_new_tokens=8, temperature=0)
+        got = autoregressive_generate(model, PROMPTS[2], max_new_tokens=8, temperature=0, compile="dynamo")
+        assert torch.equal(got.sequences, ref.sequences)
+    assert counters["stats"]["unique_graphs"] - before == 3  # the last run is the first one's graph again

@@ -46,7 +46,9 @@ lookup, the lookup hybrid: no forward worth compiling) keeps its eager path.
 
 from __future__ import annotations
 
+import itertools
 import warnings
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -157,33 +159,65 @@ def _static_forward(model, **kwargs):
         model.config._attn_implementation = own
 
 
-def _forward(model, ids: torch.Tensor, cache, n_logits: int, keyword: str) -> torch.Tensor:
+_MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (serial, a linear layer, a parameter)
+_SERIALS = itertools.count()
+
+
+def graph_key(model) -> str:
+    """What a compiled forward of `model` depends on beyond the shapes of its inputs, as one string: the model
+    object (a serial number, never reused, unlike `id`), its linear layers' kernel (`kernels.use_kernel` switches
+    their class), its parameters' dtype and device, train or eval, and its attention implementation.
+
+    The compiled forwards take it as an argument and read it, so that torch guards on its value, and leave out
+    torch's guards on the model's modules (`torch.compiler.skip_guard_on_all_nn_modules_unsafe`): checking those,
+    a few hundred per call on SmolLM2, took ~1 ms of a ~23 ms compiled decode step on the AMD EPYC host (profiled,
+    0.27 ms without them). Unsafe in general; here the key changes with everything the package changes on a model
+    between calls (without it, a kernel switch kept running the old kernel's graph: `test_compiled`). The weights
+    stay inputs of the graph, read at each call (two models of one shape through one graph each gave their own
+    tokens); changing a model's code or other attributes in place between calls is not supported."""
+    if model not in _MODELS:
+        linear = next((m for m in model.modules() if isinstance(m, torch.nn.Linear)), None)
+        _MODELS[model] = (next(_SERIALS), linear, next(model.parameters(), None))
+    serial, linear, param = _MODELS[model]
+    return (f"{serial}|{type(linear).__name__}|{getattr(param, 'dtype', None)}|{getattr(param, 'device', None)}|"
+            f"{model.training}|{getattr(getattr(model, 'config', None), '_attn_implementation', None)}")
+
+
+def _forward(model, ids: torch.Tensor, cache, n_logits: int, keyword: str, key: str) -> torch.Tensor:
     """The function that gets compiled: one forward on the static cache (passed under `keyword`, see
-    `kvcache.cache_kwarg`), positions from its fill level."""
+    `kvcache.cache_kwarg`), positions from its fill level. `key` is `graph_key(model)`, hashed so that the graph
+    is guarded on it."""
+    hash(key)
     return _static_forward(model, input_ids=ids, use_cache=True, logits_to_keep=n_logits, **{keyword: cache}).logits
 
 
-def _forward_features(model, ids: torch.Tensor, cache, n_logits: int, keyword: str, layers: tuple[int, ...]
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward_features(model, ids: torch.Tensor, cache, n_logits: int, keyword: str, key: str,
+                      layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """`_forward` that also returns the hidden states a feature-reading draft reads (`kvcache.concat_features` of
     `layers`), (1, width, F), inside the same graph: a verification that keeps features costs one compiled forward."""
+    hash(key)
     out = _static_forward(model, input_ids=ids, use_cache=True, logits_to_keep=n_logits, output_hidden_states=True,
                           **{keyword: cache})
     return out.logits, concat_features(out.hidden_states, layers)
 
 
-def compile_in(fn, mode: str):
-    """`fn` compiled in `mode` (fullgraph, static shapes), or itself for "eager"."""
+def compile_in(fn, mode: str, *, keyed: bool = False):
+    """`fn` compiled in `mode` (fullgraph, static shapes), or itself for "eager". `keyed`: `fn` reads a
+    `graph_key` of its model, and torch's guards on the model's modules are left out."""
     if MODES[mode] is None:
         return fn
-    return torch.compile(fn, fullgraph=True, dynamic=False, **MODES[mode])
+    kwargs = dict(MODES[mode])
+    if keyed:  # a fresh options dict: torch.compile pops the filter out of the one it is given
+        kwargs["options"] = {**kwargs.get("options", {}),
+                             "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+    return torch.compile(fn, fullgraph=True, dynamic=False, **kwargs)
 
 
 def compiled_forward(mode: str, features: bool = False):
     """`_forward` (`_forward_features` with `features`) compiled in `mode`, or itself for "eager". torch keeps one
-    cache of compiled graphs per function, keyed by guards on the model and shapes, so rebuilding this wrapper does
-    not recompile."""
-    return compile_in(_forward_features if features else _forward, mode)
+    cache of compiled graphs per function, keyed by guards on `graph_key` and the inputs' shapes, so rebuilding
+    this wrapper does not recompile."""
+    return compile_in(_forward_features if features else _forward, mode, keyed=True)
 
 
 def width_of(w: int, block: int, *, one: bool = True) -> int:
@@ -285,7 +319,7 @@ class StaticCachedModel(CachedModel):
         output buffers at the next call)."""
         layers = self.hidden_layers
         eager = _forward_features if layers else _forward
-        args = (self.model, ids, self.cache, width, self.keyword) + ((layers,) if layers else ())
+        args = (self.model, ids, self.cache, width, self.keyword, graph_key(self.model)) + ((layers,) if layers else ())
         out, kept = call_compiled(self.steps[bool(layers)], args, eager=eager, who=self.who)
         if kept is eager:  # compilation failed (or mode "eager"): both widths' graphs run uncompiled from now on
             self.steps, self.mode = {False: _forward, True: _forward_features}, "eager"
