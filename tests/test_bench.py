@@ -306,6 +306,41 @@ def test_anchor_goals_hold_only_where_ours_is_as_cheap_as_llama_cpp():
         bench.anchor_goals(level, "eager", llama_decode_ms=10.0)
 
 
+def _paired(ours: list[float], llama: list[float] | None) -> list[dict]:
+    rows = [dict(round=r, name="c", ms=10.0 * x, read_ms=10.0, x_read=x) for r, x in enumerate(ours)]
+    return rows + [dict(round=r, name=bench.LLAMA_CPP, ms=10.0 * x, read_ms=10.0, x_read=x)
+                   for r, x in enumerate(llama or [])]
+
+
+def test_read_goals_follow_the_paired_ratios():
+    met = bench.read_goals(_paired([1.2, 1.25, 1.1, 1.3, 1.2], [1.15, 1.2, 1.1, 1.25, 1.1]), "c")
+    assert [g["holds"] for g in met] == [True, True] and met[0]["value"] == pytest.approx(1.2)
+    assert met[0]["lo"] <= met[0]["value"] <= met[0]["hi"] and met[0]["rounds"] == 5
+    slow = bench.read_goals(_paired([2.0, 2.2, 1.9], [1.1, 1.2, 1.0]), "c")  # the contrary data
+    assert [g["holds"] for g in slow] == [False, False] and slow[1]["value"] > 1.6
+    behind = bench.read_goals(_paired([1.25, 1.28, 1.2], [1.0, 1.0, 1.0]), "c")  # near its floor, not llama.cpp's
+    assert [g["holds"] for g in behind] == [True, False]
+    alone = bench.read_goals(_paired([1.2, 1.2], None), "c")  # llama.cpp could not run
+    assert alone[0]["holds"] and not alone[1]["holds"] and math.isnan(alone[1]["value"])
+
+
+def test_read_floor_reads_each_weight_once_and_the_cache_bytes(monkeypatch):
+    from specrepro import flops
+    from specrepro.tiny import tiny_pair
+
+    target, _ = tiny_pair(64, dtype=torch.float32)
+    seen = []
+    monkeypatch.setattr(bench, "read_ms", lambda tensors, device=None: seen.append(tensors) or 1.0)
+    assert bench.read_floor(target, 16)() == 1.0
+    (tensors,) = seen
+    emb = target.get_input_embeddings().weight
+    assert emb is not target.get_output_embeddings().weight  # untied: a forward reads only its looked-up rows
+    params = {p.data_ptr() for p in target.parameters() if p is not emb}
+    assert {t.data_ptr() for t in tensors[:-1]} == params and len(tensors) == len(params) + 1  # in place, once
+    b = flops.forward_bytes(flops.flops_config(target), 1, 16)
+    assert tensors[-1].numel() * 4 == b["kv_read"] + b["kv_write"] + b["logits"]
+
+
 def test_the_speculation_goal_holds_only_where_ours_gains_as_much_as_llama_cpps_best():
     llama = [dict(mode="a", speedup=1.2), dict(mode="b", speedup=1.5)]
     ahead = bench.speculation_goal(dict(speedup=1.6), llama)

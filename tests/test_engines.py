@@ -179,6 +179,8 @@ def test_bench_reports_a_failing_llama_bench_with_its_stderr(tmp_path):
         engines.bench(model, [1], executable=tmp_path / "nope")
     with pytest.raises(ValueError, match="positive widths"):
         engines.bench(model, [0, 1], executable=exe)
+    with pytest.raises(ValueError, match="decode_tokens > 0"):
+        engines.bench(model, (), decode_tokens=0, executable=exe)  # nothing to time
 
 
 # ---- the real engine ------------------------------------------------------------------------------------------------
@@ -230,6 +232,8 @@ def test_llama_bench_times_the_target_forward_by_width_and_its_decode_step(targe
     assert set(by) == {("forward", 1), ("forward", 4), ("decode", 4)}
     assert all(r.depth == 32 and r.threads == 2 and len(r.samples_ms) == 2 and r.ms > 0 for r in rows)
     assert "F32" in by["forward", 1].model_type  # the float32 weights of our converted target
+    (decode,) = engines.bench(target_gguf, (), depth=32, decode_tokens=4, repetitions=1)  # decode steps alone
+    assert (decode.test, decode.tokens, decode.depth) == ("decode", 4, 32) and decode.ms > 0
 
 
 @pytest.mark.slow

@@ -1,5 +1,7 @@
 """The timing helpers: every call timed once, results as data (no speed is asserted: the machine is shared)."""
 
+import math
+
 import pytest
 import torch
 
@@ -113,3 +115,33 @@ def test_op_profile_splits_a_calls_time_by_operator_and_keeps_the_rest_in_one_ro
     assert every["aten::mm"]["calls"] == 1 and every["aten::tanh"]["calls"] == 1  # per call of fn, not in all
     with pytest.raises(ValueError, match="repeats and top must be >= 1"):
         timing.op_profile(fn, repeats=0)
+
+
+def test_paired_with_read_brackets_each_contender_with_reads_beside_it():
+    log, reads = [], iter([9.0, 10.0, 11.0, 12.0, 12.0, 12.0] * 4)
+
+    def read():
+        log.append("read")
+        return next(reads)
+
+    def contender(name, ms):
+        return lambda: log.append(name) or ms
+
+    rows = timing.paired_with_read({"a": contender("a", 20.0), "b": contender("b", 33.0)}, read, rounds=2)
+    assert log[:7] == ["read"] * 3 + ["a"] + ["read"] * 3 and log.count("a") == log.count("b") == 2
+    first = rows[0]
+    assert (first["round"], first["name"], first["ms"]) == (0, "a", 20.0)
+    assert first["read_ms"] == pytest.approx((10.0 + 12.0) / 2) and first["x_read"] == pytest.approx(20.0 / 11.0)
+    summary = timing.x_read_summary(rows)
+    assert list(summary) == ["a", "b"] and summary["b"]["x_read"] == pytest.approx(3.0)
+    assert summary["a"]["rounds"] == 2 and summary["a"]["x_read_lo"] <= summary["a"]["x_read"]
+    single = timing.x_read_summary(rows[:1])
+    assert math.isnan(single["a"]["x_read_lo"])  # one round: no interval
+    with pytest.raises(ValueError, match="at least 1"):
+        timing.paired_with_read({"a": contender("a", 1.0)}, read, rounds=0)
+    with pytest.raises(ValueError, match="no contenders"):
+        timing.paired_with_read({}, read)
+
+
+def test_read_ms_reads_tensors_in_place():
+    assert timing.read_ms([torch.ones(1000), torch.ones(10, 10)]) > 0

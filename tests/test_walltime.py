@@ -260,3 +260,15 @@ def test_race_modes_counts_a_fallback_to_eager_as_a_failure(monkeypatch):
     assert calls == ["dynamo", "eager", "eager"]  # a failed mode is not compiled again
     assert [r["error"] for r in rows if r["round"] == 1] == ["failed in an earlier round", None]
     assert walltime.fastest_mode(rows) == "eager"
+
+
+def test_step_timer_times_decode_steps_on_one_cache_each_call():
+    target, _ = tiny_pair(64, dtype=torch.float32)
+    for compile in (False, "dynamo"):
+        steps = walltime.step_timer(target, 12, compile=compile, repeats=3)
+        assert steps() > 0 and steps() > 0
+    steps = walltime.step_timer(target, 12, compile="dynamo", repeats=2)
+    m = steps.__closure__  # the cache is filled once: a call leaves it where it found it
+    cache = next(c.cell_contents for c in m if hasattr(c.cell_contents, "cache"))
+    steps()
+    assert cache.fed == [12] and cache.slots == 12

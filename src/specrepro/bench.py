@@ -21,13 +21,14 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from . import flops, intervals, theory, walltime
 from .compiled import MODES, CompileConfig, slots_needed
 from .generate import GenerationStats, autoregressive_generate, pooled_alpha, speculative_generate
 from .kernels import KERNELS, use_kernels
-from .timing import forward_log, memory_bandwidth, timed
+from .timing import forward_log, memory_bandwidth, read_ms, timed
 
 METHODS = ("autoregressive", "speculative", "hf_assisted_fixed", "hf_assisted_default")
 HF_AUTOREGRESSIVE = "hf_autoregressive"  # transformers' plain generate(), a baseline beside ours
@@ -570,6 +571,25 @@ def floor_ms(model, context: int, device=None, *, tokens: int = 1, bandwidth: fl
     return 1e3 * sum(bytes_.values()) / (bandwidth or memory_bandwidth(device or "cpu"))
 
 
+def read_floor(model, context: int, *, tokens: int = 1, device=None):
+    """A function that reads, once, the bytes a forward of `tokens` tokens at `context` cached tokens must read, and
+    returns the milliseconds it took (`timing.read_ms`): every distinct parameter of `model` where it lies (an
+    untied input embedding left out: a forward reads only its rows), and the cache and logits bytes of
+    `flops.forward_bytes` from a buffer of that size allocated once. The floor of `floor_ms`, measured on the
+    weights themselves rather than derived from a bandwidth probe; `timing.paired_with_read` times it beside a
+    step."""
+    params = list(model.parameters())  # distinct: a tied weight once
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if emb is not None and (head is None or head.weight is not emb.weight):
+        params = [p for p in params if p is not emb.weight]
+    size = params[0].element_size()
+    bytes_ = flops.forward_bytes(flops.flops_config(model), tokens, context, bytes_per_param=size)
+    rest = torch.ones(max(1, (bytes_["kv_read"] + bytes_["kv_write"] + bytes_["logits"]) // size),
+                      dtype=params[0].dtype, device=params[0].device)
+    tensors = [p.detach() for p in params] + [rest]
+    return lambda: read_ms(tensors, device)
+
+
 # ---- llama.cpp as the anchor of the cost profile (notebook 07) -------------------------------------------------------
 
 LLAMA_CPP = "llama.cpp"  # the regime name of llama.cpp's rows in `anchor_table`
@@ -606,6 +626,31 @@ def llama_cpp_profile(target_name: str, widths, context: int, *, threads: int, r
                              threads=threads, repetitions=repetitions), None
     except engines.EngineUnavailable as e:
         return [], f"llama.cpp is unavailable here: {e}"
+
+
+def llama_cpp_step(target_name: str, context: int, *, threads: int, decode_tokens: int = 32,
+                   repetitions: int = 3) -> tuple:
+    """llama.cpp's decode step on the same float32 weights as `target_name`, as a contender of
+    `timing.paired_with_read`: (a function that runs llama-bench's decode test, `decode_tokens` steps from `context`
+    cached tokens repeated `repetitions` times, and returns the median ms per step; None), or (None, why) where it
+    cannot run here. Each call starts llama-bench afresh (its model load and prefill are not timed)."""
+    from . import engines
+
+    folder, why = _llama_folder(target_name)
+    if folder is None:
+        return None, why
+    try:
+        engines.build()
+        model = engines.gguf(folder)
+    except engines.EngineUnavailable as e:
+        return None, f"llama.cpp is unavailable here: {e}"
+
+    def step() -> float:
+        (row,) = engines.bench(model, (), depth=context, decode_tokens=decode_tokens, threads=threads,
+                               repetitions=repetitions)
+        return row.ms
+
+    return step, None
 
 
 # llama.cpp's n-gram speculation (llama-server's --spec-type), each at its own defaults; "3-gram" matches the lookup
@@ -714,6 +759,32 @@ def anchor_goals(table: list[dict], regime: str, *, llama_decode_ms: float, max_
                  holds=bool(step <= 1 + tolerance)),
             dict(goal=f"our forward of 2..{max_tokens} tokens ({regime}), in decode steps, within {tolerance:.0%} of "
                       "llama.cpp's or below", value=worst, holds=bool(worst <= 1 + tolerance))]
+
+
+def read_goals(rows: list[dict], ours: str, *, llama: str = LLAMA_CPP, limit: float = 1.3,
+               tolerance: float = 0.10) -> list[dict]:
+    """The regime issue's step goals from `timing.paired_with_read` rows, each a median over rounds with its
+    bootstrap interval (value, lo, hi, rounds): our step (`ours`) at most `limit` times a read of its bytes taken
+    beside it, and our step within `tolerance` of llama.cpp's, each of the two over the read beside it, round by
+    round. A goal holds where its median does; a contender missing from the rows gives NaN, and the goal does not
+    hold."""
+    from .intervals import bootstrap
+
+    nan = float("nan")
+    by = {name: {r["round"]: r for r in rows if r["name"] == name} for name in (ours, llama)}
+
+    def goal(text, values, bound):
+        if not values:
+            return dict(goal=text, value=nan, lo=nan, hi=nan, rounds=0, holds=False)
+        iv = bootstrap(np.median, values)
+        return dict(goal=text, value=iv.estimate, lo=iv.lo, hi=iv.hi, rounds=iv.n_units,
+                    holds=bool(iv.estimate <= bound))
+
+    both = sorted(set(by[ours]) & set(by[llama]))
+    return [goal(f"our decode step ({ours}) <= {limit:g}x a read of its bytes beside it",
+                 [r["x_read"] for r in by[ours].values()], limit),
+            goal(f"our decode step ({ours}) within {tolerance:.0%} of llama.cpp's, each over the read beside it",
+                 [by[ours][k]["x_read"] / by[llama][k]["x_read"] for k in both], 1 + tolerance)]
 
 
 def _print_summary(summary: dict) -> None:

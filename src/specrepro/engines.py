@@ -346,17 +346,19 @@ def bench_rows(report: str) -> list[BenchRow]:
 def bench(model: Path, tokens=range(1, 10), *, depth: int = 256, decode_tokens: int = 32, threads: int = 2,
           repetitions: int = 5, timeout_s: float = 900.0, executable: Path | None = None) -> list[BenchRow]:
     """llama.cpp's cost profile of `model` (a GGUF) with `llama-bench`: one forward of k tokens after `depth` cached
-    ones for each k in `tokens`, and a run of `decode_tokens` decode steps from the same depth (0: none). The
+    ones for each k in `tokens` (none: decode steps only), and a run of `decode_tokens` decode steps from the same
+    depth (0: none). The
     cached tokens' prefill is not timed; each test is warmed up, then repeated `repetitions` times.
 
     Unlike a verification, llama-bench's forward computes the output layer for the last of its k tokens only, so
     its k-token curve is a lower bound on what a k-token verification costs llama.cpp."""
     exe = runnable("llama-bench", executable, model)
     tokens = [int(k) for k in tokens]
-    if not tokens or min(tokens) < 1:
-        raise ValueError(f"tokens must be a non-empty list of positive widths, got {tokens}")
-    cmd = [str(exe), "-m", str(model), "-p", ",".join(map(str, tokens)), "-n", str(decode_tokens), "-d", str(depth),
-           "-t", str(threads), "-r", str(repetitions), "-o", "json"]
+    if (tokens and min(tokens) < 1) or (not tokens and decode_tokens < 1):
+        raise ValueError(f"tokens must be positive widths (or empty, with decode_tokens > 0), got {tokens} and "
+                         f"decode_tokens={decode_tokens}")
+    cmd = [str(exe), "-m", str(model), "-p", ",".join(map(str, tokens or [0])), "-n", str(decode_tokens),
+           "-d", str(depth), "-t", str(threads), "-r", str(repetitions), "-o", "json"]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as e:

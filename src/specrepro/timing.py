@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from .flops import flops_config, forward_bytes
+from .intervals import bootstrap
 from .kvcache import make_cache, model_forward
 
 
@@ -187,6 +188,58 @@ def memory_bandwidth(device="cpu", n_bytes: int = 1 << 30, repeats: int = 5) -> 
     x.sum()  # warm-up
     times = [timed(x.sum, device)[0] for _ in range(repeats)]
     return n_bytes / min(times)
+
+
+def read_ms(tensors, device=None) -> float:
+    """Milliseconds of one read of every tensor of `tensors` where it lies (a sum over each, nothing copied): the
+    floor of any pass that must read those bytes, at the speed the memory gives them now. Unlike
+    `memory_bandwidth`, which reads a buffer it has just allocated, this reads the bytes a model's forward reads, in
+    the pages they sit in: on the 2-core AMD EPYC host the target's weights read in place at 75-90% of the speed of
+    a fresh 1 GiB buffer, the two moving together by up to 2x within seconds (8 readings 5 s apart, the buffer at
+    34-62 GB/s; an ad hoc check while building `paired_with_read`)."""
+    def one():
+        for x in tensors:
+            x.sum()
+    return 1e3 * timed(one, device)[0]
+
+
+def paired_with_read(contenders: dict[str, Callable[[], float]], read: Callable[[], float], *, rounds: int = 5,
+                     reads: int = 3) -> list[dict]:
+    """Each contender's time beside a read of the bytes it must read, taken just before and just after it.
+
+    `contenders`: name -> a callable that runs the thing once (or several times) and returns its milliseconds (e.g.
+    the median of a few decode steps); `read`: a callable that reads the bytes once and returns its milliseconds
+    (`read_ms`, `bench.read_floor`). In each of `rounds` rounds the contenders take turns, each between two sets of
+    `reads` reads. Returns one row per round and contender: round, name, ms, read_ms (the mean of the median read
+    before and the median read after), x_read = ms / read_ms. Where the memory's speed changes within seconds (a
+    shared machine), a floor measured minutes apart can be off by 2x; a ratio of times taken seconds apart is not,
+    and its spread over rounds says how far it can be trusted (`x_read_summary`)."""
+    if rounds < 1 or reads < 1:
+        raise ValueError(f"rounds and reads must be at least 1, got {rounds} and {reads}")
+    if not contenders:
+        raise ValueError("no contenders to time")
+    rows = []
+    for r in range(rounds):
+        for name, fn in contenders.items():
+            before = statistics.median(read() for _ in range(reads))
+            ms = float(fn())
+            after = statistics.median(read() for _ in range(reads))
+            floor = (before + after) / 2
+            rows.append(dict(round=r, name=name, ms=ms, read_ms=floor, x_read=ms / floor))
+    return rows
+
+
+def x_read_summary(rows: list[dict], *, level: float = 0.95) -> dict[str, dict]:
+    """Per contender of `paired_with_read` rows: the median ratio to the read beside it over the rounds, with a
+    percentile bootstrap interval over rounds (NaN bounds for a single round), and the median ms and read_ms."""
+    out = {}
+    for name in dict.fromkeys(r["name"] for r in rows):
+        mine = [r for r in rows if r["name"] == name]
+        iv = bootstrap(np.median, [r["x_read"] for r in mine], level=level)
+        out[name] = dict(x_read=iv.estimate, x_read_lo=iv.lo, x_read_hi=iv.hi, rounds=len(mine),
+                         ms=statistics.median(r["ms"] for r in mine),
+                         read_ms=statistics.median(r["read_ms"] for r in mine))
+    return out
 
 
 def step_vs_bytes(models, context: int, *, repeats: int = 5, device=None) -> list[dict]:

@@ -219,6 +219,32 @@ def verify_ms(target, context: int, gamma: int, device=None, *, compile=False, p
     return out
 
 
+def step_timer(target, context: int, device=None, *, compile=True, repeats: int = 5):
+    """A function that times `repeats` decode steps of `target` (a forward of one token after `context` cached
+    ones, as `verify_ms` times it) and returns their median in ms, as a contender of `timing.paired_with_read`. On
+    the compiled path (`compile=`, as the loops take it) the cache is filled and the graph compiled once, here, so
+    that each call times steps only; eagerly (compile=False) each call prefills anew (`timing.forward_seconds`).
+    The linear layers' kernel is the model's own at each call."""
+    config = as_config(compile)
+    if config is None:
+        return lambda: 1e3 * forward_seconds(target, context, 1, repeats=repeats, device=device)
+    tokens = torch.randint(target.config.vocab_size, (context + 1,), generator=torch.Generator().manual_seed(0))
+    m = StaticCachedModel(target, "target", [], block=2, slots=config.slots or slots_needed(context, 0, 1),
+                          mode=config.mode)
+    m.feed([tokens[:context].tolist()], 1)
+    new = tokens[context:].tolist()
+
+    def steps() -> float:
+        times = []
+        for _ in range(repeats):
+            times.append(timed(lambda: m.feed([new], 1), device)[0])
+            m.keep([context])
+        return 1e3 * statistics.median(times)
+
+    steps()  # compiles and warms up
+    return steps
+
+
 def race_modes(target, context: int, modes: Sequence[str], *, rounds: int = 3, repeats: int = 5,
                device=None) -> list[dict]:
     """The compiled decode step (a forward of one token after `context` cached ones, as `verify_ms` times it) in
