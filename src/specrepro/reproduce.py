@@ -49,7 +49,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "06-draft-sweep": dict(ladder=["lens-0", "lens-4", "lens-16"], others=["prompt-lookup"], gammas=[1, 3],
                            temperatures=[0.0], n_prompts=3, n_calibration=1, max_new_tokens=16,
                            cost_tokens=4, one_thread_prompts=1, one_thread_gammas=[1]),
-    "07-regime": dict(n_prompts=3, repeats=1, max_new_tokens=24, configs=["stock", "compiled_few_rows"],
+    "07-regime": dict(n_prompts=3, repeats=1, max_new_tokens=24, configs=["stock", "compiled_few_rows"], read_rounds=2,
                       compile_modes=["default"], widths=[1, 4], sweep_gammas=[3], sweep_prompts=2),
     "08-engines": dict(n_samples=100, ours_samples=60, n_prompts=4, max_new_tokens=16, concurrency=[4],
                        llama_draft="", power_replicates=50),
