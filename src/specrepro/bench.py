@@ -768,15 +768,13 @@ def read_goals(rows: list[dict], ours: str, *, llama: str = LLAMA_CPP, limit: fl
     beside it, and our step within `tolerance` of llama.cpp's, each of the two over the read beside it, round by
     round. A goal holds where its median does; a contender missing from the rows gives NaN, and the goal does not
     hold."""
-    from .intervals import bootstrap
-
     nan = float("nan")
     by = {name: {r["round"]: r for r in rows if r["name"] == name} for name in (ours, llama)}
 
     def goal(text, values, bound):
         if not values:
             return dict(goal=text, value=nan, lo=nan, hi=nan, rounds=0, holds=False)
-        iv = bootstrap(np.median, values)
+        iv = intervals.bootstrap(np.median, values)
         return dict(goal=text, value=iv.estimate, lo=iv.lo, hi=iv.hi, rounds=iv.n_units,
                     holds=bool(iv.estimate <= bound))
 

@@ -33,9 +33,9 @@ in about a minute and `mode="eager"`
 runs the same static-cache bookkeeping uncompiled (tests, debugging, and the fallback where compilation fails).
 On a GPU, `mode="reduce-overhead"` adds CUDA graphs.
 
-Compiled code is cached by torch per function and model (guards on the model object), so a second
-`speculative_generate(..., compile=True)` with the same models and cache size reuses it; cache sizes are rounded up
-to a multiple of `SLOT_BUCKET` so that prompts of different lengths share graphs.
+Compiled code is cached by torch per function and model (guards on `graph_key`, not on the model's modules), so a
+second `speculative_generate(..., compile=True)` with the same models and cache size reuses it; cache sizes are
+rounded up to a multiple of `SLOT_BUCKET` so that prompts of different lengths share graphs.
 
 This path serves batch 1 (the row of `generate`'s loop) and transformers causal LMs. A draft that reads the target's
 features (`specrepro.eagle`) gets them from the same compiled graphs (`_forward_features`: the hidden states come out

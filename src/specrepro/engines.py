@@ -347,8 +347,8 @@ def bench(model: Path, tokens=range(1, 10), *, depth: int = 256, decode_tokens: 
           repetitions: int = 5, timeout_s: float = 900.0, executable: Path | None = None) -> list[BenchRow]:
     """llama.cpp's cost profile of `model` (a GGUF) with `llama-bench`: one forward of k tokens after `depth` cached
     ones for each k in `tokens` (none: decode steps only), and a run of `decode_tokens` decode steps from the same
-    depth (0: none). The
-    cached tokens' prefill is not timed; each test is warmed up, then repeated `repetitions` times.
+    depth (0: none). The cached tokens' prefill is not timed; each test is warmed up, then repeated `repetitions`
+    times.
 
     Unlike a verification, llama-bench's forward computes the output layer for the last of its k tokens only, so
     its k-token curve is a lower bound on what a k-token verification costs llama.cpp."""
