@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from specrepro import autoregressive_generate, bench, gemv
+from specrepro import autoregressive_generate, bench, gemv, timing
 from specrepro.kernels import LINEARS
 from specrepro.tiny import tiny_pair
 
@@ -316,6 +316,8 @@ def test_read_goals_follow_the_paired_ratios():
     met = bench.read_goals(_paired([1.2, 1.25, 1.1, 1.3, 1.2], [1.15, 1.2, 1.1, 1.25, 1.1]), "c")
     assert [g["holds"] for g in met] == [True, True] and met[0]["value"] == pytest.approx(1.2)
     assert met[0]["lo"] <= met[0]["value"] <= met[0]["hi"] and met[0]["rounds"] == 5
+    own = timing.x_read_summary(_paired([1.2, 1.25, 1.1, 1.3, 1.2], [1.15, 1.2, 1.1, 1.25, 1.1]))["c"]
+    assert (met[0]["value"], met[0]["lo"], met[0]["hi"]) == (own["x_read"], own["x_read_lo"], own["x_read_hi"])
     slow = bench.read_goals(_paired([2.0, 2.2, 1.9], [1.1, 1.2, 1.0]), "c")  # the contrary data
     assert [g["holds"] for g in slow] == [False, False] and slow[1]["value"] > 1.6
     behind = bench.read_goals(_paired([1.25, 1.28, 1.2], [1.0, 1.0, 1.0]), "c")  # near its floor, not llama.cpp's

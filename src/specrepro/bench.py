@@ -28,7 +28,7 @@ from . import flops, intervals, theory, walltime
 from .compiled import MODES, CompileConfig, slots_needed
 from .generate import GenerationStats, autoregressive_generate, pooled_alpha, speculative_generate
 from .kernels import KERNELS, use_kernels
-from .timing import forward_log, memory_bandwidth, read_ms, timed
+from .timing import forward_log, memory_bandwidth, read_ms, timed, x_read_summary
 
 METHODS = ("autoregressive", "speculative", "hf_assisted_fixed", "hf_assisted_default")
 HF_AUTOREGRESSIVE = "hf_autoregressive"  # transformers' plain generate(), a baseline beside ours
@@ -779,8 +779,11 @@ def read_goals(rows: list[dict], ours: str, *, llama: str = LLAMA_CPP, limit: fl
                     holds=bool(iv.estimate <= bound))
 
     both = sorted(set(by[ours]) & set(by[llama]))
-    return [goal(f"our decode step ({ours}) <= {limit:g}x a read of its bytes beside it",
-                 [r["x_read"] for r in by[ours].values()], limit),
+    own = x_read_summary([r for r in rows if r["name"] == ours]).get(ours)  # as 07's summary table gives it
+    first = f"our decode step ({ours}) <= {limit:g}x a read of its bytes beside it"
+    return [goal(first, [], limit) if own is None else
+            dict(goal=first, value=own["x_read"], lo=own["x_read_lo"], hi=own["x_read_hi"], rounds=own["rounds"],
+                 holds=bool(own["x_read"] <= limit)),
             goal(f"our decode step ({ours}) within {tolerance:.0%} of llama.cpp's, each over the read beside it",
                  [by[ours][k]["x_read"] / by[llama][k]["x_read"] for k in both], 1 + tolerance)]
 

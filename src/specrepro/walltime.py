@@ -207,40 +207,46 @@ def verify_ms(target, context: int, gamma: int, device=None, *, compile=False, p
     out = []
     for g in range(gamma + 1):
         if g == 0 or not padded:  # a fresh cache per graph width: the prompt's prefill runs eagerly
-            m = StaticCachedModel(target, "target", [], block=gamma + 1 if padded else max(g + 1, 2), slots=slots,
-                                  mode=config.mode)
-            m.feed([tokens[:context].tolist()], 1)
-        new = tokens[context:context + g + 1].tolist()
-        times = []
-        for _ in range(repeats + 1):  # the first compiles (once per width) and warms up
-            times.append(timed(lambda m=m, new=new, g=g: m.feed([new], g + 1), device)[0])
-            m.keep([context])
+            _, forward = _cached_forward(target, tokens.tolist(), context, block=gamma + 1 if padded else max(g + 1, 2),
+                                         slots=slots, mode=config.mode, device=device)
+        times = [forward(g + 1) for _ in range(repeats + 1)]  # the first compiles (once per width) and warms up
         out.append(1e3 * statistics.median(times[1:]))
     return out
+
+
+def _cached_forward(target, tokens: list[int], context: int, *, block: int, slots: int, mode: str, device=None):
+    """The compiled static-cache model (`compiled.StaticCachedModel`) of `target` with tokens[:context] fed (the
+    prefill runs eagerly), and a function of k that times one forward of the k tokens after them, in seconds, and
+    rewinds the cache to `context` tokens: every call times the same forward."""
+    m = StaticCachedModel(target, "target", [], block=block, slots=slots, mode=mode)
+    m.feed([tokens[:context]], 1)
+
+    def forward(k: int) -> float:
+        seconds = timed(lambda: m.feed([tokens[context:context + k]], k), device)[0]
+        m.keep([context])
+        return seconds
+
+    return m, forward
 
 
 def step_timer(target, context: int, device=None, *, compile=True, repeats: int = 5):
     """A function that times `repeats` decode steps of `target` (a forward of one token after `context` cached
     ones, as `verify_ms` times it) and returns their median in ms, as a contender of `timing.paired_with_read`. On
     the compiled path (`compile=`, as the loops take it) the cache is filled and the graph compiled once, here, so
-    that each call times steps only; eagerly (compile=False) each call prefills anew (`timing.forward_seconds`).
-    The linear layers' kernel is the model's own at each call."""
+    that each call times steps only (the function's `cache` attribute is that static-cache model); eagerly
+    (compile=False) each call prefills anew (`timing.forward_seconds`). The linear layers' kernel is the model's own
+    at each call."""
     config = as_config(compile)
     if config is None:
         return lambda: 1e3 * forward_seconds(target, context, 1, repeats=repeats, device=device)
     tokens = torch.randint(target.config.vocab_size, (context + 1,), generator=torch.Generator().manual_seed(0))
-    m = StaticCachedModel(target, "target", [], block=2, slots=config.slots or slots_needed(context, 0, 1),
-                          mode=config.mode)
-    m.feed([tokens[:context].tolist()], 1)
-    new = tokens[context:].tolist()
+    m, forward = _cached_forward(target, tokens.tolist(), context, block=2,
+                                 slots=config.slots or slots_needed(context, 0, 1), mode=config.mode, device=device)
 
     def steps() -> float:
-        times = []
-        for _ in range(repeats):
-            times.append(timed(lambda: m.feed([new], 1), device)[0])
-            m.keep([context])
-        return 1e3 * statistics.median(times)
+        return 1e3 * statistics.median(forward(1) for _ in range(repeats))
 
+    steps.cache = m  # the static-cache model the steps run on (filled once; each call leaves it as it found it)
     steps()  # compiles and warms up
     return steps
 
