@@ -253,6 +253,17 @@ def test_the_regime_row_sets_ours_beside_llama_cpp_where_07_ran_it(tmp_path):
     regime_row = summary.ROWS["memory_bound"][1]  # (ours, verdict, notebooks) from the results
     ours, _, _ = regime_row(summary.results(tmp_path))
     assert "decode step 20.0 ms, 2.00x the floor; ours at its fastest 1.25x llama.cpp's" in ours
+    assert regime_row(summary.results(tmp_path))[1] == "partly"  # 2.5x the probe's floor; verification free
+    m = json.loads((tmp_path / "07-regime" / "metrics.json").read_text())
+    m["read_floor"] = {"summary": {  # section 1c: the steps beside reads of their bytes decide
+        "compiled few_rows": dict(x_read=1.25, x_read_lo=1.2, x_read_hi=1.3, rounds=7, ms=20.0, read_ms=16.0),
+        "llama.cpp": dict(x_read=1.1, x_read_lo=1.05, x_read_hi=1.15, rounds=7, ms=18.0, read_ms=16.4)}}
+    (tmp_path / "07-regime" / "metrics.json").write_text(json.dumps(m))
+    ours, label, _ = regime_row(summary.results(tmp_path))
+    assert label == "reproduces" and "1.25x [1.20, 1.30] a read of its bytes timed beside it" in ours
+    assert "llama.cpp's step beside a read of its bytes 1.10x [1.05, 1.15] (7 rounds, 07)" in ours
+    del m["read_floor"]
+    (tmp_path / "07-regime" / "metrics.json").write_text(json.dumps(m))
     m = json.loads((tmp_path / "07-regime" / "metrics.json").read_text())
     m["llama_cpp"] = {"decode_ms": float("nan"), "decode_x_floor": None}  # llama.cpp could not run there
     (tmp_path / "07-regime" / "metrics.json").write_text(json.dumps(m))

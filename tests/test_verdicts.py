@@ -167,6 +167,14 @@ def test_regime():
     assert r.label == "does not reproduce" and r.facts["regime"] == "compiled" and "beyond 1.3x" in r.reason
     assert V.regime({"eager": 3.4}, {"eager": 1.0}).label == "partly"  # free only because the step is overhead
     assert V.regime({}, {}).label == "not testable"
+    # the read timed beside the step decides where it exists, either way from the probe's multiple
+    r = V.regime({"eager": 3.4, "compiled": 2.5}, {"compiled": 1.1}, paired={"compiled": (1.2, 1.15, 1.26)})
+    assert r.label == "reproduces" and r.facts["x_floor"] == 1.2 and r.facts["x_probe"] == 2.5
+    assert "1.20x [1.15, 1.26] a read of its bytes timed beside it, within 1.3x (2.50x the probe's floor" in r.reason
+    r = V.regime({"compiled": 1.2}, {"compiled": 1.1}, paired={"compiled": (1.7, 1.6, 1.8), "eager": (1.0, 1, 1)})
+    assert r.label == "partly" and "beyond 1.3x" in r.reason and r.facts["paired"]
+    r = V.regime({"compiled": 1.2}, {"compiled": 1.1}, paired={"eager": (2.0, 1.9, 2.1)})  # not the fastest's
+    assert r.label == "reproduces" and not r.facts["paired"]
 
 
 def test_spare_compute_each_label_from_its_data():

@@ -206,7 +206,9 @@ def _regime(r02, r07):
     m = r07["metrics"]
     x = m["decode_step_x_floor"]
     steps = m["verify_steps"]
-    v = verdicts.regime(x, {r: steps.get(f"{r}_4") for r in x})
+    beside = (m.get("read_floor") or {}).get("summary") or {}  # 07's section 1c: each step beside a read of its bytes
+    v = verdicts.regime(x, {r: steps.get(f"{r}_4") for r in x},
+                        paired={r: (s["x_read"], s["x_read_lo"], s["x_read_hi"]) for r, s in beside.items() if r in x})
     eager_4 = steps.get("eager_4")
     ours += f"; {v.reason} (eager: {float('nan') if eager_4 is None else eager_4:.2f} steps) ({_at(r07, '07')})"
     llama = m.get("llama_cpp") or {}
@@ -214,6 +216,10 @@ def _regime(r02, r07):
         ours += (f"; llama.cpp on the same float32 weights, same run: decode step {llama['decode_ms']:.1f} ms, "
                  f"{llama['decode_x_floor']:.2f}x the floor; ours at its fastest "
                  f"{min(x.values()) / llama['decode_x_floor']:.2f}x llama.cpp's (07)")
+    lb = beside.get("llama.cpp")
+    if lb:
+        ours += (f"; llama.cpp's step beside a read of its bytes {_ci(lb['x_read'], lb['x_read_lo'], lb['x_read_hi'])} "
+                 f"({lb['rounds']} rounds, 07)")
     spec = (m.get("llama_cpp_speculation") or {}).get("speedup") or {}
     if spec and m.get("speedup") is not None:  # each engine's speculation over its own autoregressive decoding
         mode, (est, lo, hi) = max(spec.items(), key=lambda kv: kv[1][0])

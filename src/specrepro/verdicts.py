@@ -421,11 +421,15 @@ def batch_equivalence(ours: Sequence[float], controls: Sequence[float]) -> Verdi
     return Verdict("reproduces" if caught else "partly", reason, facts)
 
 
-def regime(step_x_floor: Mapping[str, float], verify_steps: Mapping[str, float], *, near: float = 1.3,
-           free: float = 1.2, tokens: int = 4) -> Verdict:
+def regime(step_x_floor: Mapping[str, float], verify_steps: Mapping[str, float], *,
+           paired: Mapping[str, tuple[float, float, float]] | None = None, near: float = 1.3, free: float = 1.2,
+           tokens: int = 4) -> Verdict:
     """Leviathan et al. Sec. 3.5, Chen et al. Sec. 1: batch-1 decoding is memory-bound, so a verification of a few
-    tokens costs about one decode step. `step_x_floor`: each regime's decode step as a multiple of the memory floor;
-    `verify_steps`: its forward of `tokens` tokens in decode steps. Judged on the regime with the fastest step.
+    tokens costs about one decode step. `step_x_floor`: each regime's decode step as a multiple of the memory floor
+    (its bytes over a bandwidth probe's reading); `verify_steps`: its forward of `tokens` tokens in decode steps.
+    Judged on the regime with the fastest step. `paired`: a regime's step over a read of its own bytes timed beside
+    it, round by round (estimate, lo, hi; `timing.x_read_summary`); where the fastest regime has one, it is the
+    multiple judged (a probe taken minutes apart can be off by the machine's drift), the probe's beside it.
 
     reproduces: that step is within `near` x the floor and the verification within `free` steps; partly: one of
     the two; does not reproduce: neither (the claim is then untested in its regime: the step is mostly not reads)."""
@@ -433,13 +437,23 @@ def regime(step_x_floor: Mapping[str, float], verify_steps: Mapping[str, float],
     if not known:
         return Verdict("not testable", "no decode step was measured against the memory floor")
     best = min(known, key=known.get)
-    x, v = known[best], _num(verify_steps.get(best))
-    is_near, is_free = x <= near, v <= free
+    probe, v = known[best], _num(verify_steps.get(best))
+    beside = (paired or {}).get(best)
+    is_paired = beside is not None and not math.isnan(_num(beside[0]))
+    x = _num(beside[0]) if is_paired else probe
     others = ", ".join(f"{r} {known[r]:.2f}x" for r in known if r != best)
-    reason = (f"the fastest decode step ({best}) is {x:.2f}x the memory floor, {'within' if is_near else 'beyond'} "
-              f"{near}x{f' ({others})' if others else ''}; a {tokens}-token verification there costs {v:.2f} steps, "
+    is_near, is_free = x <= near, v <= free
+    if not is_paired:
+        floor = (f"{x:.2f}x the memory floor, {'within' if is_near else 'beyond'} {near}x"
+                 f"{f' ({others})' if others else ''}")
+    else:
+        floor = (f"{x:.2f}x [{_num(beside[1]):.2f}, {_num(beside[2]):.2f}] a read of its bytes timed beside it, "
+                 f"{'within' if is_near else 'beyond'} {near}x ({probe:.2f}x the probe's floor"
+                 f"{f'; {others}' if others else ''})")
+    reason = (f"the fastest decode step ({best}) is {floor}; a {tokens}-token verification there costs {v:.2f} steps, "
               f"{'about one step' if is_free else 'not free'} (at most {free})")
-    facts = dict(regime=best, x_floor=x, verify_steps=v, near=is_near, free=is_free)
+    facts = dict(regime=best, x_floor=x, x_probe=probe, paired=is_paired, verify_steps=v, near=is_near,
+                 free=is_free)
     if is_near and is_free:
         return Verdict("reproduces", reason, facts)
     return Verdict("partly" if is_near or is_free else "does not reproduce", reason, facts)
