@@ -5,7 +5,7 @@ marked `compiles` run inductor on tiny models (about ten seconds per graph on 2 
 import pytest
 import torch
 
-from specrepro import autoregressive_generate, compiled, speculative_generate
+from specrepro import autoregressive_generate, compiled, gemv, speculative_generate
 from specrepro.compiled import SLOT_BUCKET, CompileConfig, StaticCachedModel
 from specrepro.distribution import chisquare_gof, counts_of, exact_joint_distribution
 from specrepro.drafts import PromptLookupDraft
@@ -174,7 +174,7 @@ def test_the_static_path_switches_attention_for_its_forwards_only(pair64):
         m.feed([[1, 2, 3]], 1)  # the prompt's prefill: eager, the model's own attention
         assert seen[-1] == "sdpa"
         m.feed([[4]], 1)  # a decode step on the static path
-        assert seen[-1] == compiled.GQA_ATTENTION and target.config._attn_implementation == "sdpa"
+        assert seen[-1] == compiled.CACHE_ATTENTION and target.config._attn_implementation == "sdpa"
         hook.remove()
         hook = target.model.layers[0].self_attn.register_forward_pre_hook(lambda *_: 1 / 0)
         with pytest.raises(ZeroDivisionError):
@@ -249,3 +249,56 @@ def test_each_model_and_kernel_gets_a_graph_of_its_own():
         got = autoregressive_generate(model, PROMPTS[2], max_new_tokens=8, temperature=0, compile="dynamo")
         assert torch.equal(got.sequences, ref.sequences)
     assert counters["stats"]["unique_graphs"] - before == 3  # the last run is the first one's graph again
+
+
+@pytest.mark.skipif(not gemv.has_compiler(), reason="no C++ compiler here: the few-row kernels cannot be built")
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_the_few_row_kernel_set_runs_its_own_attention_in_the_static_forwards(monkeypatch):
+    """With the few-row kernel, the static-cache forwards run `gemv.cache_attention` (an operator of the graph when
+    compiled) and decode the eager path's tokens, greedy and sampled; with the stock kernel, or with the model's
+    attention set to `GQA_ATTENTION` (the A/B of the attention alone), they run sdpa."""
+    from specrepro.kernels import use_kernel
+
+    target, draft = tiny_pair(64, seed=7, dtype=torch.float32)
+    for model in (target, draft):
+        use_kernel(model, "few_rows")
+    for temperature in (0.0, 1.0):
+        ref = speculative_generate(target, draft, PROMPTS[0], gamma=3, max_new_tokens=16, temperature=temperature,
+                                   generator=torch.Generator().manual_seed(3))
+        got = speculative_generate(target, draft, PROMPTS[0], gamma=3, max_new_tokens=16, temperature=temperature,
+                                   generator=torch.Generator().manual_seed(3), compile="dynamo")
+        assert torch.equal(got.sequences, ref.sequences)
+    calls = []
+    real = gemv.cache_attention
+    monkeypatch.setattr(gemv, "cache_attention", lambda *a: calls.append(a[0].shape) or real(*a))
+    layers = target.config.num_hidden_layers
+
+    def step(model):
+        m = StaticCachedModel(model, "target", [], block=3, slots=SLOT_BUCKET, mode="eager")
+        m.feed([[1, 2, 3, 4, 5]], 1)  # the prefill: eager, the model's own attention
+        return torch.cat([m.feed([[6]], 1).flatten(), m.feed([[7, 8]], 2).flatten()])
+
+    own = step(target)
+    h, d = target.config.num_attention_heads, target.config.head_dim
+    assert calls == [(1, h, 1, d)] * layers + [(1, h, 3, d)] * layers  # a step, then a block padded to 3
+    target.config._attn_implementation = compiled.GQA_ATTENTION
+    sdpa = step(target)
+    target.config._attn_implementation = "sdpa"
+    use_kernel(target, "stock")
+    step(target)
+    assert len(calls) == 2 * layers  # sdpa both times: not called again
+    torch.testing.assert_close(own, sdpa, rtol=1e-5, atol=1e-5)
+    use_kernel(target, "few_rows")
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    m = StaticCachedModel(target, "target", [], block=3, slots=SLOT_BUCKET, mode="eager")
+    m.feed([[1, 2, 3, 4, 5]], 1)
+    with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=compiled.RECOMPILE_LIMIT):  # _forward's
+        torch.compile(compiled._forward, backend=backend, fullgraph=True)(  # graphs of the other tests count
+            target, torch.tensor([[6]]), m.cache, 1, m.keyword, compiled.graph_key(target))
+    ops = [n.target for n in graphs[0].graph.nodes]
+    assert ops.count(torch.ops.specrepro.cache_attention.default) == layers

@@ -185,6 +185,7 @@ def test_few_rows_moves_weights_to_aligned_memory_keeping_values_and_ties():
 def test_the_avx2_build_is_correct_too():
     """Development machines differ (AVX2 only, AVX-512): the AVX2 code path (8-float vectors, other register
     budget) built and checked here whatever this machine has."""
+    assert gemv.available()  # the native build first: it implements the operator (this test may run alone)
     avx2 = gemv.build_for("x86-64-v3")
     torch.manual_seed(0)
     for rows in range(1, 9):
@@ -193,6 +194,11 @@ def test_the_avx2_build_is_correct_too():
             y = avx2.few_rows(x, w, b)
             assert torch.allclose(y, torch.nn.functional.linear(x, w, b), atol=1e-5, rtol=1e-5)
             assert all(torch.equal(y[n], avx2.few_rows(x[n:n + 1], w, b)[0]) for n in range(rows))
+    for head_dim in (64, 8):  # the attention's unrolled and runtime loops, 8-float vectors
+        q, k, v, mask = _attention_inputs(2, 6, 3, 3, 100, head_dim, fills=[70, 3])
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        torch.testing.assert_close(avx2.cache_attention(q, k, v, mask, head_dim ** -0.5), want.transpose(1, 2),
+                                   rtol=1e-5, atol=1e-6)
     # the operator keeps the native build's kernel: loading another build does not replace it for the process
     w, b, x = torch.randn(64, 16 * 7 + 3), torch.randn(64), torch.randn(4, 16 * 7 + 3)
     assert torch.equal(torch.ops.specrepro.few_rows.default(x, w, b), gemv.few_rows(x, w, b))
@@ -220,3 +226,66 @@ def test_use_kernels_switches_each_distinct_model_once_and_passes_over_the_rest(
     assert type(target.lm_head) is K.LINEARS["small_row"] and type(draft.lm_head) is K.LINEARS["small_row"]
     K.use_kernels((target, draft), "stock")
     assert type(target.lm_head) is torch.nn.Linear
+
+
+def _attention_inputs(batch, heads, kv_heads, width, slots, head_dim, fills, seed=0):
+    """Query, key, value and a causal mask as the static path builds them: row b sees its first fills[b] slots and
+    each query its block's earlier tokens."""
+    g = torch.Generator().manual_seed(seed)
+    query = torch.randn(batch, width, heads, head_dim, generator=g).transpose(1, 2)  # the layout the model gives
+    key = torch.randn(batch, kv_heads, slots, head_dim, generator=g)
+    value = torch.randn(batch, kv_heads, slots, head_dim, generator=g)
+    mask = torch.zeros(batch, 1, width, slots, dtype=torch.bool)
+    for b, fill in enumerate(fills):
+        for t in range(width):
+            mask[b, 0, t, :fill + t + 1] = True
+    return query, key, value, mask
+
+
+@needs_compiler
+@pytest.mark.parametrize("head_dim", [64, 128, 16, 8, 24])  # unrolled sizes, and the runtime loop
+@pytest.mark.parametrize("width", [1, 3, 8])
+def test_cache_attention_equals_sdpa(head_dim, width):
+    q, k, v, mask = _attention_inputs(3, 6, 2, width, 200, head_dim, fills=[150, 0, 63])
+    mask[1, :, :, :2] = False  # a left-padded row
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    got = gemv.cache_attention(q, k, v, mask, head_dim ** -0.5)
+    assert got.shape == (3, width, 6, head_dim)
+    torch.testing.assert_close(got, want.transpose(1, 2), rtol=1e-5, atol=1e-6)
+    assert torch.equal(torch.ops.specrepro.cache_attention.default(q, k, v, mask, head_dim ** -0.5), got)
+
+
+@needs_compiler
+def test_cache_attention_reads_no_slot_past_a_rows_last_visible_one():
+    """A static cache's tail is never read: NaN there changes nothing (sdpa reads every slot)."""
+    q, k, v, mask = _attention_inputs(2, 9, 3, 2, 512, 64, fills=[256, 40])
+    clean = gemv.cache_attention(q, k, v, mask, 0.125)
+    k[0, :, 258:], v[0, :, 258:], k[1, :, 42:], v[1, :, 42:] = (float("nan"),) * 4
+    assert torch.equal(gemv.cache_attention(q, k, v, mask, 0.125), clean)
+
+
+@needs_compiler
+def test_cache_attention_gives_each_row_the_same_bits_alone_or_with_others_on_any_thread_count():
+    q, k, v, mask = _attention_inputs(3, 9, 3, 4, 300, 64, fills=[280, 5, 100], seed=1)
+    together = gemv.cache_attention(q, k, v, mask, 0.125)
+    for b in range(3):
+        alone = gemv.cache_attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], mask[b:b + 1], 0.125)
+        assert torch.equal(alone[0], together[b])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(gemv.cache_attention(q, k, v, mask, 0.125), together)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_compiler
+def test_cache_attention_gives_zeros_to_a_query_that_sees_nothing_and_refuses_what_it_cannot_compute():
+    q, k, v, mask = _attention_inputs(1, 4, 2, 2, 32, 16, fills=[10])
+    mask[0, 0, 1] = False
+    out = gemv.cache_attention(q, k, v, mask, 0.25)
+    assert torch.equal(out[0, 1], torch.zeros(4, 16)) and out[0, 0].abs().sum() > 0
+    for args, match in (((q.double(), k, v, mask), "float32"), ((q, k, v, mask.float()), "boolean mask"),
+                        ((q, k[:, :, :31], v[:, :, :31], mask), "mask"), ((q[:, :3], k, v, mask), "disagree")):
+        with pytest.raises(RuntimeError, match=match):
+            gemv.cache_attention(*args, 0.25)

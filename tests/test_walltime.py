@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from specrepro import bench, theory, walltime
+from specrepro import bench, compiled, gemv, theory, walltime
+from specrepro.kernels import use_kernel
 from specrepro.tiny import tiny_pair
 
 
@@ -270,3 +271,17 @@ def test_step_timer_times_decode_steps_on_one_cache_each_call():
     steps = walltime.step_timer(target, 12, compile="dynamo", repeats=2)
     steps()  # the cache is filled once: a call leaves it where it found it
     assert steps.cache.fed == [12] and steps.cache.slots == 12
+
+
+@pytest.mark.skipif(not gemv.has_compiler(), reason="no C++ compiler here: the few-row kernels cannot be built")
+def test_the_attention_ab_times_both_attentions_beside_reads(capsys):
+    import argparse
+
+    target, _ = tiny_pair(64, dtype=torch.float32)
+    other, _ = tiny_pair(64, dtype=torch.float32)
+    use_kernel(target, "few_rows")
+    walltime._beside_read(target, other, argparse.Namespace(kernel="few_rows", mode="dynamo", context=12,
+                                                            beside_read=2))
+    out = capsys.readouterr().out
+    assert "attention: own: step" in out and "attention: sdpa: step" in out and "own over sdpa, paired" in out
+    assert other.config._attn_implementation == compiled.GQA_ATTENTION

@@ -13,7 +13,9 @@ memory-bound only once the per-step overhead is gone, and most of that overhead 
 - attention reads the cache in place: transformers' sdpa, compiled, widens every layer's keys and values to all
   query heads (`repeat_kv`), a copy of the whole cache per step, so the compiled forwards run sdpa with the grouped
   heads left to the kernel (`_sdpa_gqa`; on SmolLM2 the same logits, bit for bit; 07 section 1 times the step
-  every run);
+  every run). Where the model's linear layers run the few-row kernel, the forwards run this package's own attention
+  over the cache instead (`_cache_attention`, `gemv.cache_attention`), which reads only the filled slots where sdpa
+  reads all of them, masked; `python -m specrepro.walltime --beside-read N` times the two against each other;
 - rolling back moves the fill level (`StaticCache.crop`), nothing is copied; the padding of a short block is rolled
   back the same way right after its forward, so the cache never holds a token of it.
 
@@ -56,6 +58,8 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
+from . import gemv
+from .kernels import FewRowsLinear
 from .kvcache import CachedModel, cache_kwarg, concat_features, model_forward
 from .sampling import check_logits
 
@@ -147,12 +151,42 @@ def _sdpa_gqa(module, query, key, value, attention_mask, dropout: float = 0.0, s
 AttentionInterface.register(GQA_ATTENTION, _sdpa_gqa)
 AttentionMaskInterface.register(GQA_ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])  # the masks "sdpa" gets
 
+CACHE_ATTENTION = "specrepro_cache_attention"  # where the model's is "sdpa": the static-cache forwards' attention
+
+
+def _cache_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None,
+                     **kwargs):
+    """The static-cache forwards' attention where the model's is "sdpa": in a layer whose linear layers run the
+    few-row kernel (`kernels.use_kernel(model, "few_rows")`), this package's own attention over the cache
+    (`gemv.cache_attention`, the same C++ extension), which reads only the filled slots; elsewhere, and for what it
+    does not take (another device or dtype, a mask that is not boolean, dropout, transformers-only arguments),
+    `_sdpa_gqa`. sdpa reads all of the static cache's slots, masked, at every forward (on SmolLM2, 512 slots where
+    07's step has 257 filled). The same attention up to float summation order (`test_compiled`). To run the few-row
+    linear layers with sdpa's attention instead (an A/B of the attention alone), set
+    `model.config._attn_implementation = GQA_ATTENTION`."""
+    own = (isinstance(getattr(module, "q_proj", None), FewRowsLinear) and query.device.type == "cpu" and not dropout
+           and attention_mask is not None and attention_mask.dtype == torch.bool and attention_mask.dim() == 4
+           and attention_mask.shape[1] == 1 and query.dtype == key.dtype == value.dtype == torch.float32
+           and kwargs.get("position_bias") is None and kwargs.get("softcap") is None
+           and not kwargs.get("output_attentions"))
+    if not own:
+        return _sdpa_gqa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                         is_causal=is_causal, **kwargs)
+    scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+    # traced: the operator (one node of the graph); eager: the built function itself, without the dispatcher
+    op = torch.ops.specrepro.cache_attention.default if torch.compiler.is_compiling() else gemv.cache_attention
+    return op(query, key, value, attention_mask, scale), None
+
+
+AttentionInterface.register(CACHE_ATTENTION, _cache_attention)
+AttentionMaskInterface.register(CACHE_ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+
 
 def _static_forward(model, **kwargs):
-    """`model(**kwargs)` with its attention switched to `GQA_ATTENTION` for this forward only where it is "sdpa"
+    """`model(**kwargs)` with its attention switched to `CACHE_ATTENTION` for this forward only where it is "sdpa"
     (the model's other callers, eager loops racing this path included, keep theirs)."""
     own = model.config._attn_implementation
-    model.config._attn_implementation = GQA_ATTENTION if own == "sdpa" else own
+    model.config._attn_implementation = CACHE_ATTENTION if own == "sdpa" else own
     try:
         return model(**kwargs)
     finally:

@@ -17,9 +17,10 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
-from . import theory
+from . import intervals, theory
 from .compiled import MODES, CompileConfig, StaticCachedModel, as_config, slots_needed
 from .generate import autoregressive_generate, pooled_alpha
 from .protocol import feature_layers
@@ -409,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=1, help="tokens per forward (1: a decode step)")
     ap.add_argument("--repeats", type=int, default=10, help="forwards timed, and forwards profiled")
     ap.add_argument("--top", type=int, default=12, help="operators listed; the rest in one row")
+    ap.add_argument("--beside-read", type=int, default=0, metavar="ROUNDS",
+                    help="then time the 1-token step beside a read of its bytes for ROUNDS rounds (07 section 1c), "
+                         "with the package's attention and with sdpa's (compiled.GQA_ATTENTION) on a second copy")
     args = ap.parse_args(argv)
     target = load_target(args.target)
     use_kernel(target, args.kernel)
@@ -418,7 +422,34 @@ def main(argv: list[str] | None = None) -> int:
           f"mode {args.mode}, {torch.get_num_threads()} threads: {out['ms']:.2f} ms (median of {args.repeats})")
     for r in out["rows"]:
         print(f"  {r['ms']:8.3f} ms  {r['share']:6.1%}  {r['calls']:7.1f} calls  {r['op'][:90]}")
+    if args.beside_read:
+        _beside_read(target, load_target(args.target), args)
     return 0
+
+
+def _beside_read(target, other, args) -> None:
+    """The A/B of the static path's attention, each step beside reads of its bytes, rounds in turn: `target` as it
+    runs (`compiled.CACHE_ATTENTION`, the package's attention where the kernel is few_rows) against `other`, a
+    second copy, with sdpa's (`compiled.GQA_ATTENTION`)."""
+    from . import bench
+    from .compiled import GQA_ATTENTION
+    from .kernels import use_kernel
+    from .timing import paired_with_read, x_read_summary
+
+    use_kernel(other, args.kernel)
+    other.config._attn_implementation = GQA_ATTENTION
+    mode = CompileConfig(args.mode)
+    rows = paired_with_read({"attention: own": step_timer(target, args.context, compile=mode),
+                             "attention: sdpa": step_timer(other, args.context, compile=mode)},
+                            bench.read_floor(target, args.context), rounds=args.beside_read)
+    print(f"the 1-token step beside a read of its bytes ({args.beside_read} rounds; median, 95% bootstrap interval):")
+    for name, r in x_read_summary(rows).items():
+        print(f"  {name}: step {r['ms']:.2f} ms, read {r['read_ms']:.2f} ms: {r['x_read']:.3f}x "
+              f"[{r['x_read_lo']:.3f}, {r['x_read_hi']:.3f}]")
+    by = {n: {r["round"]: r["ms"] for r in rows if r["name"] == n} for n in ("attention: own", "attention: sdpa")}
+    ratio = intervals.bootstrap(np.median, [by["attention: own"][k] / by["attention: sdpa"][k]
+                                            for k in sorted(by["attention: own"])])
+    print(f"  own over sdpa, paired by round: {ratio.estimate:.3f}x [{ratio.lo:.3f}, {ratio.hi:.3f}]")
 
 
 if __name__ == "__main__":
