@@ -274,14 +274,20 @@ def test_step_timer_times_decode_steps_on_one_cache_each_call():
 
 
 @pytest.mark.skipif(not gemv.has_compiler(), reason="no C++ compiler here: the few-row kernels cannot be built")
-def test_the_attention_ab_times_both_attentions_beside_reads(capsys):
+def test_the_ab_times_both_steps_beside_reads(capsys):
     import argparse
 
     target, _ = tiny_pair(64, dtype=torch.float32)
     other, _ = tiny_pair(64, dtype=torch.float32)
     use_kernel(target, "few_rows")
     walltime._beside_read(target, other, argparse.Namespace(kernel="few_rows", mode="dynamo", context=12,
-                                                            beside_read=2))
+                                                            beside_read=2, versus="sdpa-attention"))
     out = capsys.readouterr().out
-    assert "attention: own: step" in out and "attention: sdpa: step" in out and "own over sdpa, paired" in out
+    assert "attention: own: step" in out and "attention: sdpa: step" in out
+    assert "attention: own over attention: sdpa, paired by round" in out and "compiled and warmed up in" in out
     assert other.config._attn_implementation == compiled.GQA_ATTENTION
+    other, _ = tiny_pair(64, dtype=torch.float32)  # a mode against another
+    walltime._beside_read(target, other, argparse.Namespace(kernel="few_rows", mode="dynamo", context=12,
+                                                            beside_read=2, versus="eager"))
+    assert "mode: dynamo over mode: eager, paired by round" in capsys.readouterr().out
+    assert other.config._attn_implementation == "sdpa"

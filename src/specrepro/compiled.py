@@ -27,10 +27,11 @@ on. For torch's product the fastest mode we found is max-autotune with freezing 
 lets inductor use its own few-row GEMM instead of MKL's):
 compiling one graph takes from under a minute to about three minutes on 2 cores (inductor keeps its autotuning
 results on disk, so a later process compiles faster). `mode="max-autotune-cpp"` adds inductor's C++ wrapper (the
-Python that calls the graph's kernels at every step, compiled; a longer compile), an option for long decodes that
-`python -m specrepro.walltime --mode` times against the others and 07 races against max-autotune when its
-`compile_modes` lists it (`walltime.race_modes`; by default 07 races max-autotune alone, the wrapper's compiles
-being several times slower on 2 cores). `mode="default"` compiles
+Python that calls the graph's kernels at every step, about 420 calls a decode step of SmolLM2 with the few-row
+kernel set, compiled; a longer compile, cached on disk like the others, so paid once per machine and graph), an option
+for long decodes that `python -m specrepro.walltime --beside-read N --versus max-autotune-cpp` times against
+max-autotune and 07 races against it when its `compile_modes` lists it (`walltime.race_modes`; by default 07 races
+max-autotune alone, the wrapper's first compiles being several times slower on 2 cores). `mode="default"` compiles
 in about a minute and `mode="eager"`
 runs the same static-cache bookkeeping uncompiled (tests, debugging, and the fallback where compilation fails).
 On a GPU, `mode="reduce-overhead"` adds CUDA graphs.

@@ -412,7 +412,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=12, help="operators listed; the rest in one row")
     ap.add_argument("--beside-read", type=int, default=0, metavar="ROUNDS",
                     help="then time the 1-token step beside a read of its bytes for ROUNDS rounds (07 section 1c), "
-                         "with the package's attention and with sdpa's (compiled.GQA_ATTENTION) on a second copy")
+                         "against the step of a second copy of the target set as --versus says")
+    ap.add_argument("--versus", default="sdpa-attention", choices=["sdpa-attention", *sorted(MODES)],
+                    help="the second copy: the same kernel and mode with sdpa's attention (compiled.GQA_ATTENTION), "
+                         "or the same kernel compiled in this mode")
     args = ap.parse_args(argv)
     target = load_target(args.target)
     use_kernel(target, args.kernel)
@@ -428,28 +431,36 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _beside_read(target, other, args) -> None:
-    """The A/B of the static path's attention, each step beside reads of its bytes, rounds in turn: `target` as it
-    runs (`compiled.CACHE_ATTENTION`, the package's attention where the kernel is few_rows) against `other`, a
-    second copy, with sdpa's (`compiled.GQA_ATTENTION`)."""
+    """An A/B of the 1-token step on the static path, each step beside reads of its bytes, rounds in turn (07
+    section 1c): `target` as it runs (kernel `args.kernel`, mode `args.mode`; with the few-row kernel, the package's
+    attention) against `other`, a second copy of it with sdpa's attention (`args.versus` "sdpa-attention",
+    `compiled.GQA_ATTENTION`) or compiled in the mode `args.versus`. Prints each one's compile time (the first call,
+    a warm-up included; inductor caches compiled graphs on disk, so a second process compiles faster), its step over
+    the read, and the ratio of the two steps paired by round."""
     from . import bench
     from .compiled import GQA_ATTENTION
     from .kernels import use_kernel
     from .timing import paired_with_read, x_read_summary
 
     use_kernel(other, args.kernel)
-    other.config._attn_implementation = GQA_ATTENTION
-    mode = CompileConfig(args.mode)
-    rows = paired_with_read({"attention: own": step_timer(target, args.context, compile=mode),
-                             "attention: sdpa": step_timer(other, args.context, compile=mode)},
-                            bench.read_floor(target, args.context), rounds=args.beside_read)
+    if args.versus == "sdpa-attention":
+        other.config._attn_implementation = GQA_ATTENTION
+        names, modes = ("attention: own", "attention: sdpa"), (args.mode, args.mode)
+    else:
+        names, modes = (f"mode: {args.mode}", f"mode: {args.versus}"), (args.mode, args.versus)
+    timers = {}
+    for name, model, mode in zip(names, (target, other), modes):
+        start = time.perf_counter()
+        timers[name] = step_timer(model, args.context, compile=CompileConfig(mode))
+        print(f"{name}: compiled and warmed up in {time.perf_counter() - start:.0f} s")
+    rows = paired_with_read(timers, bench.read_floor(target, args.context), rounds=args.beside_read)
     print(f"the 1-token step beside a read of its bytes ({args.beside_read} rounds; median, 95% bootstrap interval):")
     for name, r in x_read_summary(rows).items():
         print(f"  {name}: step {r['ms']:.2f} ms, read {r['read_ms']:.2f} ms: {r['x_read']:.3f}x "
               f"[{r['x_read_lo']:.3f}, {r['x_read_hi']:.3f}]")
-    by = {n: {r["round"]: r["ms"] for r in rows if r["name"] == n} for n in ("attention: own", "attention: sdpa")}
-    ratio = intervals.bootstrap(np.median, [by["attention: own"][k] / by["attention: sdpa"][k]
-                                            for k in sorted(by["attention: own"])])
-    print(f"  own over sdpa, paired by round: {ratio.estimate:.3f}x [{ratio.lo:.3f}, {ratio.hi:.3f}]")
+    by = {n: {r["round"]: r["ms"] for r in rows if r["name"] == n} for n in names}
+    ratio = intervals.bootstrap(np.median, [by[names[0]][k] / by[names[1]][k] for k in sorted(by[names[0]])])
+    print(f"  {names[0]} over {names[1]}, paired by round: {ratio.estimate:.3f}x [{ratio.lo:.3f}, {ratio.hi:.3f}]")
 
 
 if __name__ == "__main__":
