@@ -291,3 +291,8 @@ def test_the_ab_times_both_steps_beside_reads(capsys):
                                                             beside_read=2, versus="eager"))
     assert "mode: dynamo over mode: eager, paired by round" in capsys.readouterr().out
     assert other.config._attn_implementation == "sdpa"
+
+
+def test_the_ab_refuses_a_mode_against_itself():
+    with pytest.raises(SystemExit):  # before any model is loaded
+        walltime.main(["--beside-read", "2", "--mode", "default", "--versus", "default"])

@@ -417,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the second copy: the same kernel and mode with sdpa's attention (compiled.GQA_ATTENTION), "
                          "or the same kernel compiled in this mode")
     args = ap.parse_args(argv)
+    if args.versus == args.mode:
+        ap.error(f"--versus {args.versus} is --mode itself: name another mode, or sdpa-attention")
     target = load_target(args.target)
     use_kernel(target, args.kernel)
     out = step_profile(target, args.context, tokens=args.tokens, compile=args.mode, repeats=args.repeats,
