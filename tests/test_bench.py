@@ -332,7 +332,7 @@ def test_read_floor_reads_each_weight_once_and_the_cache_bytes(monkeypatch):
 
     target, _ = tiny_pair(64, dtype=torch.float32)
     seen = []
-    monkeypatch.setattr(bench, "read_ms", lambda tensors, device=None: seen.append(tensors) or 1.0)
+    monkeypatch.setattr(timing, "read_ms", lambda tensors, device=None: seen.append(tensors) or 1.0)
     assert bench.read_floor(target, 16)() == 1.0
     (tensors,) = seen
     emb = target.get_input_embeddings().weight

@@ -269,8 +269,8 @@ def test_the_few_row_kernel_set_runs_its_own_attention_in_the_static_forwards(mo
                                    generator=torch.Generator().manual_seed(3), compile="dynamo")
         assert torch.equal(got.sequences, ref.sequences)
     calls = []
-    real = gemv.cache_attention
-    monkeypatch.setattr(gemv, "cache_attention", lambda *a: calls.append(a[0].shape) or real(*a))
+    real = compiled._cache_op
+    monkeypatch.setattr(compiled, "_cache_op", lambda *a: calls.append(a[0].shape) or real(*a))
     layers = target.config.num_hidden_layers
 
     def step(model):

@@ -28,7 +28,7 @@ from . import flops, intervals, theory, walltime
 from .compiled import MODES, CompileConfig, slots_needed
 from .generate import GenerationStats, autoregressive_generate, pooled_alpha, speculative_generate
 from .kernels import KERNELS, use_kernels
-from .timing import forward_log, memory_bandwidth, read_ms, timed, x_read_summary
+from .timing import forward_log, memory_bandwidth, read_floor, read_ms, timed, x_read_summary  # noqa: F401 (read_floor: 07 calls bench.read_floor)
 
 METHODS = ("autoregressive", "speculative", "hf_assisted_fixed", "hf_assisted_default")
 HF_AUTOREGRESSIVE = "hf_autoregressive"  # transformers' plain generate(), a baseline beside ours
@@ -569,25 +569,6 @@ def floor_ms(model, context: int, device=None, *, tokens: int = 1, bandwidth: fl
     bytes_ = flops.forward_bytes(flops.flops_config(model), tokens, context,
                                  bytes_per_param=next(model.parameters()).element_size())
     return 1e3 * sum(bytes_.values()) / (bandwidth or memory_bandwidth(device or "cpu"))
-
-
-def read_floor(model, context: int, *, tokens: int = 1, device=None):
-    """A function that reads, once, the bytes a forward of `tokens` tokens at `context` cached tokens must read, and
-    returns the milliseconds it took (`timing.read_ms`): every distinct parameter of `model` where it lies (an
-    untied input embedding left out: a forward reads only its rows), and the cache and logits bytes of
-    `flops.forward_bytes` from a buffer of that size allocated once. The floor of `floor_ms`, measured on the
-    weights themselves rather than derived from a bandwidth probe; `timing.paired_with_read` times it beside a
-    step."""
-    params = list(model.parameters())  # distinct: a tied weight once
-    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
-    if emb is not None and (head is None or head.weight is not emb.weight):
-        params = [p for p in params if p is not emb.weight]
-    size = params[0].element_size()
-    bytes_ = flops.forward_bytes(flops.flops_config(model), tokens, context, bytes_per_param=size)
-    rest = torch.ones(max(1, (bytes_["kv_read"] + bytes_["kv_write"] + bytes_["logits"]) // size),
-                      dtype=params[0].dtype, device=params[0].device)
-    tensors = [p.detach() for p in params] + [rest]
-    return lambda: read_ms(tensors, device)
 
 
 # ---- llama.cpp as the anchor of the cost profile (notebook 07) -------------------------------------------------------

@@ -59,8 +59,6 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
-from . import gemv
-from .kernels import FewRowsLinear
 from .kvcache import CachedModel, cache_kwarg, concat_features, model_forward
 from .sampling import check_logits
 
@@ -165,18 +163,24 @@ def _cache_attention(module, query, key, value, attention_mask, dropout: float =
     07's step has 257 filled). The same attention up to float summation order (`test_compiled`). To run the few-row
     linear layers with sdpa's attention instead (an A/B of the attention alone), set
     `model.config._attn_implementation = GQA_ATTENTION`."""
-    own = (isinstance(getattr(module, "q_proj", None), FewRowsLinear) and query.device.type == "cpu" and not dropout
-           and attention_mask is not None and attention_mask.dtype == torch.bool and attention_mask.dim() == 4
-           and attention_mask.shape[1] == 1 and query.dtype == key.dtype == value.dtype == torch.float32
+    own = (type(getattr(module, "q_proj", None)).__name__ == "FewRowsLinear" and query.device.type == "cpu"
+           and not dropout and attention_mask is not None and attention_mask.dtype == torch.bool
+           and attention_mask.dim() == 4 and attention_mask.shape[1] == 1
+           and query.dtype == key.dtype == value.dtype == torch.float32
            and kwargs.get("position_bias") is None and kwargs.get("softcap") is None
            and not kwargs.get("output_attentions"))
     if not own:
         return _sdpa_gqa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                          is_causal=is_causal, **kwargs)
     scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
-    # traced: the operator (one node of the graph); eager: the built function itself, without the dispatcher
-    op = torch.ops.specrepro.cache_attention.default if torch.compiler.is_compiling() else gemv.cache_attention
-    return op(query, key, value, attention_mask, scale), None
+    # the operator (built and registered by `gemv` when the few-row kernel was switched on); by the class's name, as
+    # `compiled` sits below `kernels` and `gemv` in the package's layers
+    return _cache_op(query, key, value, attention_mask, scale), None
+
+
+def _cache_op(query, key, value, mask, scale):
+    """`gemv.cache_attention`'s operator (one node of a compiled graph)."""
+    return torch.ops.specrepro.cache_attention.default(query, key, value, mask, scale)
 
 
 AttentionInterface.register(CACHE_ATTENTION, _cache_attention)

@@ -229,6 +229,25 @@ def paired_with_read(contenders: dict[str, Callable[[], float]], read: Callable[
     return rows
 
 
+def read_floor(model, context: int, *, tokens: int = 1, device=None):
+    """A function that reads, once, the bytes a forward of `tokens` tokens at `context` cached tokens must read, and
+    returns the milliseconds it took (`timing.read_ms`): every distinct parameter of `model` where it lies (an
+    untied input embedding left out: a forward reads only its rows), and the cache and logits bytes of
+    `flops.forward_bytes` from a buffer of that size allocated once. The floor of `bench.floor_ms`, measured on the
+    weights themselves rather than derived from a bandwidth probe; `timing.paired_with_read` times it beside a
+    step."""
+    params = list(model.parameters())  # distinct: a tied weight once
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if emb is not None and (head is None or head.weight is not emb.weight):
+        params = [p for p in params if p is not emb.weight]
+    size = params[0].element_size()
+    bytes_ = forward_bytes(flops_config(model), tokens, context, bytes_per_param=size)
+    rest = torch.ones(max(1, (bytes_["kv_read"] + bytes_["kv_write"] + bytes_["logits"]) // size),
+                      dtype=params[0].dtype, device=params[0].device)
+    tensors = [p.detach() for p in params] + [rest]
+    return lambda: read_ms(tensors, device)
+
+
 def x_read_summary(rows: list[dict], *, level: float = 0.95) -> dict[str, dict]:
     """Per contender of `paired_with_read` rows: the median ratio to the read beside it over the rounds, with a
     percentile bootstrap interval over rounds (NaN bounds for a single round), and the median ms and read_ms."""

@@ -439,10 +439,9 @@ def _beside_read(target, other, args) -> None:
     `compiled.GQA_ATTENTION`) or compiled in the mode `args.versus`. Prints each one's compile time (the first call,
     a warm-up included; inductor caches compiled graphs on disk, so a second process compiles faster), its step over
     the read, and the ratio of the two steps paired by round."""
-    from . import bench
     from .compiled import GQA_ATTENTION
     from .kernels import use_kernel
-    from .timing import paired_with_read, x_read_summary
+    from .timing import paired_with_read, read_floor, x_read_summary
 
     use_kernel(other, args.kernel)
     if args.versus == "sdpa-attention":
@@ -455,7 +454,7 @@ def _beside_read(target, other, args) -> None:
         start = time.perf_counter()
         timers[name] = step_timer(model, args.context, compile=CompileConfig(mode))
         print(f"{name}: compiled and warmed up in {time.perf_counter() - start:.0f} s")
-    rows = paired_with_read(timers, bench.read_floor(target, args.context), rounds=args.beside_read)
+    rows = paired_with_read(timers, read_floor(target, args.context), rounds=args.beside_read)
     print(f"the 1-token step beside a read of its bytes ({args.beside_read} rounds; median, 95% bootstrap interval):")
     for name, r in x_read_summary(rows).items():
         print(f"  {name}: step {r['ms']:.2f} ms, read {r['read_ms']:.2f} ms: {r['x_read']:.3f}x "
