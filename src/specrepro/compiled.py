@@ -67,14 +67,22 @@ SLOT_BUCKET = 256  # static caches hold a multiple of this many slots
 # plus freezing, which folds the weights in as constants (needed on the CPU for inductor's own GEMM template,
 # harmless elsewhere; `options=` and `mode=` cannot both be given). "dynamo" traces and caches graphs like the others
 # but runs them uncompiled (a fast check of the caching, for tests); "eager" does not trace at all.
-_MAX_AUTOTUNE = {"max_autotune": True, "coordinate_descent_tuning": True, "freezing": True}
+# Every inductor mode leaves out inductor's size asserts: its Python wrapper checks the size and strides of every
+# input and of every custom operator's output at every call (hundreds of checks a decode step of SmolLM2 with the
+# few-row kernel set), ~5% of the step on 2 cores (measured ad hoc in mode "default", 7 rounds beside reads as
+# `python -m specrepro.walltime --beside-read` runs them: the step 0.95x its time with the checks, paired by round,
+# AMD EPYC host). The graphs are compiled for static shapes and dynamo's guards check the shapes of
+# every input but the model's own parameters, which `graph_key` ties to the model; tests compare the tokens with
+# the eager path's in every mode.
+_INDUCTOR = {"freezing": True, "size_asserts": False}
+_MAX_AUTOTUNE = {**_INDUCTOR, "max_autotune": True, "coordinate_descent_tuning": True}
 MODES = {
     "max-autotune": {"options": _MAX_AUTOTUNE},
     # the same graph with inductor's C++ wrapper: the per-step Python that calls the kernels becomes compiled C++
     # (longer compiles); `python -m specrepro.walltime --mode max-autotune-cpp` times it against max-autotune
     "max-autotune-cpp": {"options": {**_MAX_AUTOTUNE, "cpp_wrapper": True}},
-    "default": {"options": {"freezing": True}},
-    "reduce-overhead": {"options": {"triton.cudagraphs": True, "freezing": True}},
+    "default": {"options": _INDUCTOR},
+    "reduce-overhead": {"options": {**_INDUCTOR, "triton.cudagraphs": True}},
     "dynamo": {"backend": "eager"},
     "eager": None,  # the static cache without compilation
 }
