@@ -6,7 +6,7 @@ import json
 import pandas as pd
 import pytest
 
-from specrepro import paths, summary
+from specrepro import paths, summary, verdicts
 
 
 def test_claims_name_their_paper_and_where_they_were_reported():
@@ -181,6 +181,21 @@ def test_draft_size_reads_the_ladder_sweep_when_it_ran(tmp_path):
     assert summary.ROWS["draft_size"][1](res)[1].startswith("does not reproduce: alpha rises from lens-1 to lens-2")
     res["06-draft-sweep"]["table2"].loc[1, "alpha"] = 0.1  # the larger draft agrees less: size buys no accuracy
     assert summary.ROWS["draft_size"][1](res)[1].startswith("not testable")
+
+
+def test_draft_size_from_03_alone_is_a_verdict_label_either_way():
+    """Without 06's ladder, 03's draft family cannot answer the question: the row says why, under a verdict label,
+    whether alpha rises with size there or not."""
+    family = pd.DataFrame(dict(draft=["draft-s", "draft-m", "draft-l"], alpha=[0.3, 0.4, 0.5],
+                               measured_speedup=[1.1, 1.0, 0.9], speedup_lo=[1.0, 0.9, 0.8],
+                               speedup_hi=[1.2, 1.1, 1.0], c=[0.1, 0.2, 0.3]))
+    ours, text, source = summary._draft_size({"draft_family": family})
+    assert source == "03-latency" and ours.startswith("best draft draft-s 1.10x [1.00, 1.20]")
+    assert text.startswith("not testable: alpha rises with size in 03, but the ladder") and "06-draft-sweep" in text
+    family.loc[2, "alpha"] = 0.2  # the largest agrees least
+    _, text, _ = summary._draft_size({"draft_family": family})
+    assert text == "not testable: alpha does not rise with size with these drafts, so size buys only cost"
+    assert text.split(":")[0] in verdicts.LABELS
 
 
 def test_table1_verdict_follows_the_draft_and_the_numbers(tmp_path):

@@ -143,5 +143,22 @@ def test_paired_with_read_brackets_each_contender_with_reads_beside_it():
         timing.paired_with_read({}, read)
 
 
+def test_paired_ratio_pairs_rounds_both_contenders_ran():
+    def row(r, name, ms, read):
+        return dict(round=r, name=name, ms=ms, read_ms=read, x_read=ms / read)
+
+    rows = [row(0, "a", 12.0, 10.0), row(0, "b", 20.0, 10.0), row(1, "a", 30.0, 20.0), row(1, "b", 40.0, 20.0),
+            row(2, "a", 9.0, 10.0)]  # b missed round 2
+    ms = timing.paired_ratio(rows, "a", "b", key="ms")
+    assert ms.n_units == 2 and ms.estimate == pytest.approx((0.6 + 0.75) / 2) and ms.lo <= ms.estimate <= ms.hi
+    x = timing.paired_ratio(rows, "a", "b")  # over the reads beside each: the same here, the reads being equal
+    assert x.estimate == pytest.approx(ms.estimate)
+    slower = timing.paired_ratio(rows, "b", "a", key="ms")  # the other way round: above one
+    assert slower.estimate > 1 > ms.estimate
+    assert timing.paired_ratio(rows, "a", "missing") is None
+    one = timing.paired_ratio(rows[:2], "a", "b")
+    assert one.n_units == 1 and math.isnan(one.lo)
+
+
 def test_read_ms_reads_tensors_in_place():
     assert timing.read_ms([torch.ones(1000), torch.ones(10, 10)]) > 0

@@ -21,14 +21,13 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from . import flops, intervals, theory, walltime
 from .compiled import MODES, CompileConfig, slots_needed
 from .generate import GenerationStats, autoregressive_generate, pooled_alpha, speculative_generate
 from .kernels import KERNELS, use_kernels
-from .timing import forward_log, memory_bandwidth, read_floor, read_ms, timed, x_read_summary  # noqa: F401 (read_floor: 07 calls bench.read_floor)
+from .timing import forward_log, memory_bandwidth, paired_ratio, read_floor, read_ms, timed, x_read_summary  # noqa: F401 (read_floor: 07 calls bench.read_floor)
 
 METHODS = ("autoregressive", "speculative", "hf_assisted_fixed", "hf_assisted_default")
 HF_AUTOREGRESSIVE = "hf_autoregressive"  # transformers' plain generate(), a baseline beside ours
@@ -749,24 +748,18 @@ def read_goals(rows: list[dict], ours: str, *, llama: str = LLAMA_CPP, limit: fl
     beside it, and our step within `tolerance` of llama.cpp's, each of the two over the read beside it, round by
     round. A goal holds where its median does; a contender missing from the rows gives NaN, and the goal does not
     hold."""
+    def goal(text, value, lo, hi, rounds, bound):
+        return dict(goal=text, value=value, lo=lo, hi=hi, rounds=rounds, holds=bool(value <= bound))
+
     nan = float("nan")
-    by = {name: {r["round"]: r for r in rows if r["name"] == name} for name in (ours, llama)}
-
-    def goal(text, values, bound):
-        if not values:
-            return dict(goal=text, value=nan, lo=nan, hi=nan, rounds=0, holds=False)
-        iv = intervals.bootstrap(np.median, values)
-        return dict(goal=text, value=iv.estimate, lo=iv.lo, hi=iv.hi, rounds=iv.n_units,
-                    holds=bool(iv.estimate <= bound))
-
-    both = sorted(set(by[ours]) & set(by[llama]))
-    own = x_read_summary([r for r in rows if r["name"] == ours]).get(ours)  # as 07's summary table gives it
     first = f"our decode step ({ours}) <= {limit:g}x a read of its bytes beside it"
-    return [goal(first, [], limit) if own is None else
-            dict(goal=first, value=own["x_read"], lo=own["x_read_lo"], hi=own["x_read_hi"], rounds=own["rounds"],
-                 holds=bool(own["x_read"] <= limit)),
-            goal(f"our decode step ({ours}) within {tolerance:.0%} of llama.cpp's, each over the read beside it",
-                 [by[ours][k]["x_read"] / by[llama][k]["x_read"] for k in both], 1 + tolerance)]
+    own = x_read_summary([r for r in rows if r["name"] == ours]).get(ours)  # as 07's summary table gives it
+    second = f"our decode step ({ours}) within {tolerance:.0%} of llama.cpp's, each over the read beside it"
+    pair = paired_ratio(rows, ours, llama)
+    return [goal(first, nan, nan, nan, 0, limit) if own is None else
+            goal(first, own["x_read"], own["x_read_lo"], own["x_read_hi"], own["rounds"], limit),
+            goal(second, nan, nan, nan, 0, 1 + tolerance) if pair is None else
+            goal(second, pair.estimate, pair.lo, pair.hi, pair.n_units, 1 + tolerance)]
 
 
 def _print_summary(summary: dict) -> None:

@@ -403,8 +403,9 @@ def _draft_size(r03, r06=None):
             + "/".join(f"{a:.2f}" for a in neural.alpha) + ", speedup "
             + "/".join(f"{s:.2f}x" for s in neural.measured_speedup))
     rising = bool(neural.alpha.is_monotonic_increasing) and len(neural) >= 3
-    return ours, ("testable" if rising else "not testable with these drafts: alpha does not rise with size, so "
-                  "size buys only cost"), "03-latency"
+    why = ("alpha rises with size in 03, but the ladder that answers the question (06-draft-sweep) did not run"
+           if rising else "alpha does not rise with size with these drafts, so size buys only cost")
+    return ours, str(verdicts.Verdict("not testable", why)), "03-latency"
 
 
 def _batch_equivalence(r05):

@@ -261,6 +261,15 @@ def x_read_summary(rows: list[dict], *, level: float = 0.95) -> dict[str, dict]:
     return out
 
 
+def paired_ratio(rows: list[dict], a: str, b: str, *, key: str = "x_read", level: float = 0.95):
+    """Contender `a` over contender `b` of `paired_with_read` rows, round by round (their `key`: "x_read", each over
+    the read beside it, or "ms"), on the rounds both ran: the median ratio with a percentile bootstrap interval over
+    rounds (`intervals.Interval`), or None where they share no round."""
+    by = {name: {r["round"]: r[key] for r in rows if r["name"] == name} for name in (a, b)}
+    both = sorted(set(by[a]) & set(by[b]))
+    return bootstrap(np.median, [by[a][k] / by[b][k] for k in both], level=level) if both else None
+
+
 def step_vs_bytes(models, context: int, *, repeats: int = 5, device=None) -> list[dict]:
     """For each model of `models` ({name: model}, e.g. `tiny.widened` at several widths, one depth): the bytes a
     decode step must read (`flops.forward_bytes` at `context` cached tokens) and the step's median time. A line

@@ -561,9 +561,9 @@ def engines(audits: Mapping[str, str], *, planted: Mapping[str, str] | None = No
         why = (f"the audit missed the planted bug(s) {missed}" if missed else "no engine was audited")
         return Verdict("not testable", why, dict(missed=missed))
     broken = [m for m, label in audits.items() if label == "differs: not explained by numerics"]
-    ties = [m for m, label in audits.items() if label == "differs: numerics only"]
+    numerics_only = [m for m, label in audits.items() if label == "differs: numerics only"]
     in_batch = [m for m, b in (batched or {}).items() if b and m in audits]
-    facts = dict(audited=len(audits), broken=broken, numerics_only=ties, batch_breaks=in_batch)
+    facts = dict(audited=len(audits), broken=broken, numerics_only=numerics_only, batch_breaks=in_batch)
     caught = f"; the planted bug{'s' if len(planted) > 1 else ''} failed the same audit" if planted else ""
     if broken:
         where = (f"; tied to batch > 1 (greedy outputs change under concurrency with speculation on, not off): "
@@ -572,5 +572,6 @@ def engines(audits: Mapping[str, str], *, planted: Mapping[str, str] | None = No
                  "; whether a break is the batch's was not tested")
         return Verdict("reproduces" if in_batch else "partly", f"{len(broken)} of {len(audits)} audited modes "
                        f"differ beyond numerics: {', '.join(broken)}{where}{caught}", facts)
+    by_numerics = f" ({len(numerics_only)} by numerics only)" if numerics_only else ""
     return Verdict("does not reproduce", f"none of the {len(audits)} audited modes ({', '.join(audits)}) differs "
-                   f"beyond numerics{f' ({len(ties)} by numerics only)' if ties else ''}{caught}", facts)
+                   f"beyond numerics{by_numerics}{caught}", facts)

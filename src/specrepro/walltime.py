@@ -17,10 +17,9 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-import numpy as np
 import torch
 
-from . import intervals, theory
+from . import theory
 from .compiled import MODES, CompileConfig, StaticCachedModel, as_config, slots_needed
 from .generate import autoregressive_generate, pooled_alpha
 from .protocol import feature_layers
@@ -441,7 +440,7 @@ def _beside_read(target, other, args) -> None:
     the read, and the ratio of the two steps paired by round."""
     from .compiled import GQA_ATTENTION
     from .kernels import use_kernel
-    from .timing import paired_with_read, read_floor, x_read_summary
+    from .timing import paired_ratio, paired_with_read, read_floor, x_read_summary
 
     use_kernel(other, args.kernel)
     if args.versus == "sdpa-attention":
@@ -459,8 +458,7 @@ def _beside_read(target, other, args) -> None:
     for name, r in x_read_summary(rows).items():
         print(f"  {name}: step {r['ms']:.2f} ms, read {r['read_ms']:.2f} ms: {r['x_read']:.3f}x "
               f"[{r['x_read_lo']:.3f}, {r['x_read_hi']:.3f}]")
-    by = {n: {r["round"]: r["ms"] for r in rows if r["name"] == n} for n in names}
-    ratio = intervals.bootstrap(np.median, [by[names[0]][k] / by[names[1]][k] for k in sorted(by[names[0]])])
+    ratio = paired_ratio(rows, *names, key="ms")
     print(f"  {names[0]} over {names[1]}, paired by round: {ratio.estimate:.3f}x [{ratio.lo:.3f}, {ratio.hi:.3f}]")
 
 
