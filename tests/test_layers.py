@@ -20,7 +20,7 @@ LAYERS = {
     # 0 inputs
     "paths": 0, "data": 0, "sandbox": 0,
     # 1 the algorithm
-    "sampling": 1, "kvcache": 1, "protocol": 1, "compiled": 1, "generate": 1,
+    "sampling": 1, "kvcache": 1, "protocol": 1, "native": 1, "compiled": 1, "generate": 1,
     # 2 the models
     "models": 2, "drafts": 2, "distill": 2, "train": 2, "kernels": 2, "gemv": 2, "tiny": 2,
     "lens": 2, "ladder": 2, "eagle": 2, "eagle_train": 2, "engines": 2,

@@ -59,6 +59,7 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
+from . import native
 from .kvcache import CachedModel, cache_kwarg, concat_features, model_forward
 from .sampling import check_logits
 
@@ -82,6 +83,9 @@ MODES = {
     # (longer compiles); `python -m specrepro.walltime --mode max-autotune-cpp` times it against max-autotune
     "max-autotune-cpp": {"options": {**_MAX_AUTOTUNE, "cpp_wrapper": True}},
     "default": {"options": _INDUCTOR},
+    # `native.NativeStep` where it applies (a Llama decoder on the few-row kernel set: every layer in one C++ call),
+    # the max-autotune graph for everything else (and for transformers' own compiled generate)
+    "native": {"options": _MAX_AUTOTUNE},
     "reduce-overhead": {"options": {**_INDUCTOR, "triton.cudagraphs": True}},
     "dynamo": {"backend": "eager"},
     "eager": None,  # the static cache without compilation
@@ -261,10 +265,24 @@ def compile_in(fn, mode: str, *, keyed: bool = False):
 
 
 def compiled_forward(mode: str, features: bool = False):
-    """`_forward` (`_forward_features` with `features`) compiled in `mode`, or itself for "eager". torch keeps one
-    cache of compiled graphs per function, keyed by guards on `graph_key` and the inputs' shapes, so rebuilding
-    this wrapper does not recompile."""
-    return compile_in(_forward_features if features else _forward, mode, keyed=True)
+    """`_forward` (`_forward_features` with `features`) compiled in `mode`, or itself for "eager"; in a mode of
+    `NATIVE`, the forward without features runs `native.NativeStep` where it applies. torch keeps one cache of
+    compiled graphs per function, keyed by guards on `graph_key` and the inputs' shapes, so rebuilding this wrapper
+    does not recompile."""
+    graph = compile_in(_forward_features if features else _forward, mode, keyed=True)
+    return graph if features or mode not in NATIVE else _native_or(graph)
+
+
+NATIVE = {"native"}  # modes whose forwards run `native.NativeStep` where it applies
+
+
+def _native_or(graph):
+    """A forward that runs the model's native step (`native.step_for`) where it has one, else `graph`."""
+    def forward(model, ids, cache, n_logits, keyword, key):
+        step = native.step_for(model, key, cache)
+        return graph(model, ids, cache, n_logits, keyword, key) if step is None else step(ids, cache, n_logits)
+
+    return forward
 
 
 def width_of(w: int, block: int, *, one: bool = True) -> int:

@@ -56,6 +56,8 @@ SOURCE = r"""
 #include <limits>
 #include <memory>
 #include <vector>
+#include <cstring>
+#include <omp.h>
 // Software prefetch of the weight row PREFETCH rows ahead: with 4-8 input rows the loop is slow enough that the
 // hardware prefetchers fall behind (measured on the AMD host: 27 -> 33 GB/s at 4 rows, 20 -> 28 at 8; one row
 // unchanged). Into the outer caches (locality 1, prefetcht2), not non-temporally (locality 0, prefetchnta): a
@@ -79,7 +81,7 @@ constexpr int ACCS = 8;
 // y[n, o] = sum_i x[n, i] * w[o, i] (+ b[o]) for N rows of x. Each weight is read once for all N rows, R weight
 // rows at a time (so that each load of x serves R rows). Every output is the same sum in the same order, VW partial
 // sums over i = l mod VW added in lane order, then the tail, whatever N and R are: a row's result does not depend
-// on the other rows (on one machine: the order depends on VW).
+// on the other rows (on one machine: the order depends on VW). ADD: y += the product (a residual connection).
 typedef float vec __attribute__((vector_size(VW * sizeof(float))));
 
 static inline vec loadv(const float* p) {
@@ -88,7 +90,7 @@ static inline vec loadv(const float* p) {
   return v;
 }
 
-template <int N, int R>
+template <int N, int R, bool ADD = false>
 static inline void block(const float* __restrict w, const float* __restrict x, const float* __restrict b,
                          float* __restrict y, int64_t o, int64_t out, int64_t in) {
   const int64_t body = in - in % VW;
@@ -115,7 +117,8 @@ static inline void block(const float* __restrict w, const float* __restrict x, c
       float s = 0.f;
       for (int l = 0; l < VW; ++l) s += acc[r][n][l];
       for (int64_t i = body; i < in; ++i) s += wr[i] * x[n * in + i];
-      y[n * out + o + r] = b ? s + b[o + r] : s;
+      if (ADD) y[n * out + o + r] += s;
+      else y[n * out + o + r] = b ? s + b[o + r] : s;
     }
   }
 }
@@ -309,6 +312,25 @@ static void chunk_task(const Views& a, const std::vector<int64_t>& used, float* 
   }
 }
 
+// One query's tasks merged in slot order (each `stride` floats after the last, as chunk_task writes them) into its
+// output yo (D floats): the softmax-weighted sum of the values over the slots it sees; zeros where it sees none.
+static void merge_query(const float* base, int64_t chunks, int64_t stride, int64_t D, float* __restrict yo) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t d = 0; d < D; ++d) yo[d] = 0.f;
+  float mx = ninf;
+  for (int64_t c = 0; c < chunks; ++c) if (base[c * stride + 1] > 0.f) mx = std::max(mx, base[c * stride]);
+  if (mx == ninf) return;  // no slot to attend to
+  float l = 0.f;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const float* pc = base + c * stride;
+    if (pc[1] == 0.f) continue;
+    const float f = std::exp(pc[0] - mx);
+    l += f * pc[1];
+    for (int64_t d = 0; d < D; ++d) yo[d] += f * pc[2 + d];
+  }
+  for (int64_t d = 0; d < D; ++d) yo[d] /= l;
+}
+
 torch::Tensor cache_attention(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
                               const torch::Tensor& mask, double scale) {
   TORCH_CHECK(query.device().is_cpu() && key.device().is_cpu() && value.device().is_cpu() && mask.device().is_cpu(),
@@ -342,7 +364,7 @@ torch::Tensor cache_attention(const torch::Tensor& query, const torch::Tensor& k
   const int64_t most = *std::max_element(used.begin(), used.end());
   const int64_t chunks = std::max<int64_t>(1, (most + CHUNK - 1) / CHUNK), P = D + 2;  // the slots some row reads
   std::unique_ptr<float[]> part(new float[B * Hk * chunks * J * P]);  // each task writes what the merge reads
-  const float sc = static_cast<float>(scale), ninf = -std::numeric_limits<float>::infinity();
+  const float sc = static_cast<float>(scale);
   const Views views{qp, kp, vp, mp, k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
                     msb, H, W, D, S, Hk, rep, J, chunks, sc};
   at::parallel_for(0, B * Hk * chunks, 1, [&](int64_t begin, int64_t end) {
@@ -359,28 +381,254 @@ torch::Tensor cache_attention(const torch::Tensor& query, const torch::Tensor& k
       }
     }
   });
-  auto y = torch::zeros({B, W, H, D}, q.options());
+  auto y = torch::empty({B, W, H, D}, q.options());
   float* yp = y.data_ptr<float>();
   for (int64_t b = 0; b < B; ++b)
     for (int64_t g = 0; g < Hk; ++g)
       for (int64_t j = 0; j < J; ++j) {
         const int64_t h = g * rep + j / W, t = j % W;
-        const float* base = part.get() + ((b * Hk + g) * chunks) * J * P + j * P;
-        float mx = ninf;
-        for (int64_t c = 0; c < chunks; ++c) if (base[c * J * P + 1] > 0.f) mx = std::max(mx, base[c * J * P]);
-        if (mx == ninf) continue;  // no slot to attend to: zeros
-        float l = 0.f;
-        float* yo = yp + ((b * W + t) * H + h) * D;
-        for (int64_t c = 0; c < chunks; ++c) {
-          const float* pc = base + c * J * P;
-          if (pc[1] == 0.f) continue;
-          const float f = std::exp(pc[0] - mx);
-          l += f * pc[1];
-          for (int64_t d = 0; d < D; ++d) yo[d] += f * pc[2 + d];
-        }
-        for (int64_t d = 0; d < D; ++d) yo[d] /= l;
+        merge_query(part.get() + ((b * Hk + g) * chunks) * J * P + j * P, chunks, J * P, D,
+                    yp + ((b * W + t) * H + h) * D);
       }
   return y;
+}
+
+// ---- The native decoder step: every layer of a Llama-architecture decoder for a few new tokens, in one call ----
+// What a compiled graph of the same forward runs as ~400 kernel launches from a Python wrapper (inductor's code,
+// this package's linear layers and attention), here in one OpenMP parallel region: per layer, the threads split
+// each product's weight rows between them (each weight read once, by one thread, as few_rows reads it), the
+// attention's slot chunks, and the merges, and meet at a barrier between the steps that read what others wrote.
+constexpr int64_t UNIT = 8;  // weight rows a thread takes at a time: a multiple of every row block R but the tail
+
+// y (N, out) (+)= x (N, in) W^T for the weight rows [o0, o1): few_rows' blocks, so the same sums in the same order.
+template <int N, bool ADD>
+static void rows_range(const float* w, const float* x, float* y, int64_t out, int64_t in, int64_t o0, int64_t o1) {
+  constexpr int R = ACCS / N < 1 ? 1 : ACCS / N > 8 ? 8 : ACCS / N;
+  int64_t o = o0;
+  for (; o + R <= o1; o += R) block<N, R, ADD>(w, x, nullptr, y, o, out, in);
+  for (; o < o1; ++o) block<N, 1, ADD>(w, x, nullptr, y, o, out, in);
+}
+
+template <bool ADD>
+static void rows_any(int64_t n, const float* w, const float* x, float* y, int64_t out, int64_t in, int64_t o0,
+                     int64_t o1) {
+  switch (n) {
+    case 1: rows_range<1, ADD>(w, x, y, out, in, o0, o1); break;
+    case 2: rows_range<2, ADD>(w, x, y, out, in, o0, o1); break;
+    case 3: rows_range<3, ADD>(w, x, y, out, in, o0, o1); break;
+    case 4: rows_range<4, ADD>(w, x, y, out, in, o0, o1); break;
+    case 5: rows_range<5, ADD>(w, x, y, out, in, o0, o1); break;
+    case 6: rows_range<6, ADD>(w, x, y, out, in, o0, o1); break;
+    case 7: rows_range<7, ADD>(w, x, y, out, in, o0, o1); break;
+    default: rows_range<8, ADD>(w, x, y, out, in, o0, o1); break;
+  }
+}
+
+// A weight matrix (out, in) and where its product goes, y (rows, out).
+struct Mat {
+  const float* w;
+  float* y;
+  int64_t out;
+};
+
+// Thread tid's share of the products of x (rows, in) with the matrices `mats`, their weight rows taken as one range
+// in units of UNIT rows and cut into nt contiguous shares; x in groups of at most 8 rows.
+template <bool ADD>
+static void products(const Mat* mats, int nm, const float* x, int64_t in, int64_t rows, int tid, int nt) {
+  int64_t units = 0;
+  for (int m = 0; m < nm; ++m) units += (mats[m].out + UNIT - 1) / UNIT;
+  const int64_t u0 = units * tid / nt, u1 = units * (tid + 1) / nt;
+  int64_t base = 0;
+  for (int m = 0; m < nm; ++m) {
+    const int64_t mu = (mats[m].out + UNIT - 1) / UNIT;
+    const int64_t a = std::max<int64_t>(u0 - base, 0), b = std::min<int64_t>(u1 - base, mu);
+    for (int64_t n0 = 0; a < b && n0 < rows; n0 += 8)
+      rows_any<ADD>(std::min<int64_t>(8, rows - n0), mats[m].w, x + n0 * in, mats[m].y + n0 * mats[m].out,
+                    mats[m].out, in, a * UNIT, std::min(b * UNIT, mats[m].out));
+    base += mu;
+  }
+}
+
+// y = w * (x / sqrt(mean(x^2) + eps)) for each of `rows` rows of d (transformers' LlamaRMSNorm in float32).
+static void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t d, float eps) {
+  for (int64_t n = 0; n < rows; ++n) {
+    const float* xn = x + n * d;
+    float ss = 0.f;
+    if (d % VW == 0) {
+      vec acc{};
+      for (int64_t i = 0; i < d; i += VW) acc += loadv(xn + i) * loadv(xn + i);
+      ss = hsum(acc);
+    } else {
+      for (int64_t i = 0; i < d; ++i) ss += xn[i] * xn[i];
+    }
+    const float r = 1.f / std::sqrt(ss / static_cast<float>(d) + eps);
+    for (int64_t i = 0; i < d; ++i) y[n * d + i] = w[i] * (xn[i] * r);
+  }
+}
+
+// silu(g) * u = g * sigmoid(g) * u, sigmoid through exp_neg(-|g|) (within about an ulp of exp), VW lanes at a time.
+static inline vec silu_mul(vec g, vec u) {
+  const vec zero{}, one = zero + 1.f;
+  const vec e = exp_neg(g < zero ? g : zero - g);  // exp(-|g|), in (0, 1]
+  return g * ((g < zero ? e : one) / (one + e)) * u;
+}
+
+static void silu_mul_rows(const float* g, const float* u, float* h, int64_t n) {
+  int64_t i = 0;
+  for (; i + VW <= n; i += VW) {
+    const vec r = silu_mul(loadv(g + i), loadv(u + i));
+    __builtin_memcpy(h + i, &r, sizeof(r));
+  }
+  if (i < n) {  // the tail, through one padded vector
+    float gt[VW] = {}, ut[VW] = {}, ht[VW];
+    __builtin_memcpy(gt, g + i, (n - i) * sizeof(float));
+    __builtin_memcpy(ut, u + i, (n - i) * sizeof(float));
+    const vec r = silu_mul(loadv(gt), loadv(ut));
+    __builtin_memcpy(ht, &r, sizeof(r));
+    __builtin_memcpy(h + i, ht, (n - i) * sizeof(float));
+  }
+}
+
+// x (rows, d) runs through `layers` decoder layers in place, for the `rows` tokens at positions L.. of a static
+// cache of S slots (L: lengths[0], every layer's fill level; they move on by `rows`). weights: 9 per layer, input
+// norm, q, k, v, o, post-attention norm, gate, up, down (no biases); keys/values (1, Hk, S, D) each; cos/sin the
+// rotary tables (>= L + rows, D), row p for position p. The tokens attend causally to the cache's first L slots and
+// to each other.
+torch::Tensor llama_step(const torch::Tensor& x_in, const std::vector<torch::Tensor>& weights,
+                         const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
+                         const std::vector<torch::Tensor>& lengths, const torch::Tensor& cos, const torch::Tensor& sin,
+                         int64_t H, int64_t Hk, double eps, double scale) {
+  const int64_t layers = static_cast<int64_t>(keys.size());
+  TORCH_CHECK(layers >= 1 && weights.size() == 9 * keys.size() && values.size() == keys.size() &&
+              lengths.size() == keys.size(), "llama_step: 9 weights, a key, a value and a length per layer");
+  TORCH_CHECK(x_in.device().is_cpu() && x_in.dtype() == torch::kFloat32 && x_in.dim() == 2,
+              "llama_step: x (rows, hidden) float32 on the CPU");
+  TORCH_CHECK(H >= 1 && Hk >= 1 && H % Hk == 0, "llama_step: heads a multiple of kv_heads");
+  const int64_t W = x_in.size(0), d = x_in.size(1);
+  TORCH_CHECK(W >= 1, "llama_step: at least one token");
+  const int64_t D = weights[1].size(0) / H, I = weights[6].size(0), S = keys[0].size(2);
+  for (int64_t l = 0; l < layers; ++l) {
+    const torch::Tensor* w = weights.data() + 9 * l;
+    for (int i = 0; i < 9; ++i)
+      TORCH_CHECK(w[i].device().is_cpu() && w[i].dtype() == torch::kFloat32 && w[i].is_contiguous(),
+                  "llama_step: weights contiguous float32 on the CPU");
+    TORCH_CHECK(w[0].numel() == d && w[5].numel() == d && w[1].sizes() == torch::IntArrayRef({H * D, d}) &&
+                w[2].sizes() == torch::IntArrayRef({Hk * D, d}) && w[3].sizes() == w[2].sizes() &&
+                w[4].sizes() == torch::IntArrayRef({d, H * D}) && w[6].sizes() == torch::IntArrayRef({I, d}) &&
+                w[7].sizes() == w[6].sizes() && w[8].sizes() == torch::IntArrayRef({d, I}),
+                "llama_step: layer ", l, "'s weights do not have a Llama layer's shapes");
+    TORCH_CHECK(keys[l].dtype() == torch::kFloat32 && values[l].dtype() == torch::kFloat32 && keys[l].dim() == 4 &&
+                keys[l].sizes() == torch::IntArrayRef({1, Hk, S, D}) && values[l].sizes() == keys[l].sizes() &&
+                keys[l].stride(3) == 1 && values[l].stride(3) == 1 && keys[l].is_cpu() && values[l].is_cpu(),
+                "llama_step: keys and values (1, kv_heads, slots, head size) float32 on the CPU");
+    TORCH_CHECK(lengths[l].dtype() == torch::kInt64 && lengths[l].numel() == 1 && lengths[l].is_cpu() &&
+                lengths[l].is_contiguous(), "llama_step: one int64 fill level per layer");
+    TORCH_CHECK(*lengths[l].data_ptr<int64_t>() == *lengths[0].data_ptr<int64_t>(),
+                "llama_step: the layers' fill levels differ");
+  }
+  const int64_t L = *lengths[0].data_ptr<int64_t>();
+  TORCH_CHECK(L >= 0 && L + W <= S, "llama_step: the cache holds ", S, " slots, ", L, " filled: no room for ", W);
+  TORCH_CHECK(cos.dtype() == torch::kFloat32 && sin.sizes() == cos.sizes() && cos.dim() == 2 && cos.size(1) == D &&
+              cos.size(0) >= L + W && cos.is_contiguous() && sin.is_contiguous(),
+              "llama_step: cos and sin (positions, head size), float32, past the last position");
+  TORCH_CHECK(D % 2 == 0, "llama_step: an even head size");
+  auto x = x_in.contiguous().clone();
+  float* xp = x.data_ptr<float>();
+  std::vector<const float*> wp(weights.size());
+  for (size_t i = 0; i < weights.size(); ++i) wp[i] = weights[i].data_ptr<float>();
+  std::vector<float*> kp(layers), vp(layers);
+  for (int64_t l = 0; l < layers; ++l) kp[l] = keys[l].data_ptr<float>(), vp[l] = values[l].data_ptr<float>();
+  const int64_t ks1 = keys[0].stride(1), ks2 = keys[0].stride(2), vs1 = values[0].stride(1), vs2 = values[0].stride(2);
+  for (int64_t l = 0; l < layers; ++l)
+    TORCH_CHECK(keys[l].stride(1) == ks1 && keys[l].stride(2) == ks2 && values[l].stride(1) == vs1 &&
+                values[l].stride(2) == vs2, "llama_step: every layer's cache laid out alike");
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  const int64_t rep = H / Hk, J = rep * W, P = D + 2, used = L + W;
+  const int64_t chunks = (used + CHUNK - 1) / CHUNK, half = D / 2;
+  const int T = std::max(1, at::get_num_threads());
+  std::vector<float> xn(T * W * d), q(W * H * D), k(W * Hk * D), v(W * Hk * D), qr(H * W * D), att(W * H * D);
+  std::vector<float> g(W * I), u(W * I), h(W * I), part(Hk * chunks * J * P), score(T * J * CHUNK);
+  std::unique_ptr<bool[]> mask(new bool[W * S]);  // query t sees slots 0 .. L + t
+  for (int64_t t = 0; t < W; ++t)
+    for (int64_t s = 0; s < S; ++s) mask[t * S + s] = s <= L + t;
+  std::vector<const float*> qj(T * J);
+  std::vector<const bool*> mj(T * J);
+  const std::vector<int64_t> used_rows{used};
+  const float fe = static_cast<float>(eps);
+#pragma omp parallel num_threads(T)
+  {
+    const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+    float* xt = xn.data() + tid * W * d;
+    for (int64_t l = 0; l < layers; ++l) {
+      const float* const* w = wp.data() + 9 * l;
+      rms_norm(xp, w[0], xt, W, d, fe);
+      const Mat qkv[3] = {{w[1], q.data(), H * D}, {w[2], k.data(), Hk * D}, {w[3], v.data(), Hk * D}};
+      products<false>(qkv, 3, xt, d, W, tid, nt);
+#pragma omp barrier
+      // rotary embedding: q into qr (H, W, D), the attention's layout; k and v into their cache slots
+      for (int64_t e = (W * (H + Hk)) * tid / nt; e < (W * (H + Hk)) * (tid + 1) / nt; ++e) {
+        const int64_t t = e / (H + Hk), head = e % (H + Hk);
+        const float* c = cp + (L + t) * D;
+        const float* sn = sp + (L + t) * D;
+        const float* src;
+        float* dst;
+        if (head < H) {
+          src = q.data() + (t * H + head) * D, dst = qr.data() + (head * W + t) * D;
+        } else {
+          const int64_t gk = head - H;
+          src = k.data() + (t * Hk + gk) * D, dst = kp[l] + gk * ks1 + (L + t) * ks2;
+          std::memcpy(vp[l] + gk * vs1 + (L + t) * vs2, v.data() + (t * Hk + gk) * D, D * sizeof(float));
+        }
+        for (int64_t i = 0; i < half; ++i) {
+          dst[i] = src[i] * c[i] - src[i + half] * sn[i];
+          dst[i + half] = src[i + half] * c[i + half] + src[i] * sn[i + half];
+        }
+      }
+#pragma omp barrier
+      const Views views{qr.data(), kp[l], vp[l], mask.get(), 0, ks1, ks2, 0, vs1, vs2, 0, H, W, D, S, Hk, rep, J,
+                        chunks, static_cast<float>(scale)};
+      for (int64_t task = Hk * chunks * tid / nt; task < Hk * chunks * (tid + 1) / nt; ++task) {
+        float* sc = score.data() + tid * J * CHUNK;
+        const float** qt = qj.data() + tid * J;
+        const bool** mt = mj.data() + tid * J;
+        switch (D % VW ? 0 : D) {
+          case 64: chunk_task<64>(views, used_rows, part.data(), sc, qt, mt, task); break;
+          case 128: chunk_task<128>(views, used_rows, part.data(), sc, qt, mt, task); break;
+          case 32: chunk_task<32>(views, used_rows, part.data(), sc, qt, mt, task); break;
+          case 16: chunk_task<16>(views, used_rows, part.data(), sc, qt, mt, task); break;
+          default: chunk_task<0>(views, used_rows, part.data(), sc, qt, mt, task); break;
+        }
+      }
+#pragma omp barrier
+      for (int64_t e = Hk * J * tid / nt; e < Hk * J * (tid + 1) / nt; ++e) {
+        const int64_t gk = e / J, j = e % J, head = gk * rep + j / W, t = j % W;
+        merge_query(part.data() + gk * chunks * J * P + j * P, chunks, J * P, D, att.data() + (t * H + head) * D);
+      }
+#pragma omp barrier
+      const Mat o{w[4], xp, d};
+      products<true>(&o, 1, att.data(), H * D, W, tid, nt);  // x += attention's output, projected
+#pragma omp barrier
+      rms_norm(xp, w[5], xt, W, d, fe);
+      {  // gate and up for this thread's rows of both, then silu(gate) * up on them
+        const int64_t units = (I + UNIT - 1) / UNIT;
+        const int64_t o0 = std::min(I, units * tid / nt * UNIT), o1 = std::min(I, units * (tid + 1) / nt * UNIT);
+        for (int64_t n0 = 0; o0 < o1 && n0 < W; n0 += 8) {
+          const int64_t n = std::min<int64_t>(8, W - n0);
+          rows_any<false>(n, w[6], xt + n0 * d, g.data() + n0 * I, I, d, o0, o1);
+          rows_any<false>(n, w[7], xt + n0 * d, u.data() + n0 * I, I, d, o0, o1);
+        }
+        for (int64_t t = 0; o0 < o1 && t < W; ++t)
+          silu_mul_rows(g.data() + t * I + o0, u.data() + t * I + o0, h.data() + t * I + o0, o1 - o0);
+      }
+#pragma omp barrier
+      const Mat down{w[8], xp, d};
+      products<true>(&down, 1, h.data(), I, W, tid, nt);  // x += the MLP's output
+#pragma omp barrier
+    }
+  }
+  for (int64_t l = 0; l < layers; ++l) *lengths[l].data_ptr<int64_t>() += W;
+  return x;
 }
 
 // The CPU kernel of the operator `specrepro::few_rows` (its schema is defined in Python, `gemv._LIB`): called through
@@ -391,6 +639,7 @@ torch::Tensor cache_attention(const torch::Tensor& query, const torch::Tensor& k
 TORCH_LIBRARY_IMPL(specrepro, CPU, m) {
   m.impl("few_rows", &few_rows);
   m.impl("cache_attention", &cache_attention);
+  m.impl("llama_step", &llama_step);
 }
 #endif
 """
@@ -439,8 +688,8 @@ def build_for(march: str):
     if march != "native":  # the operator keeps the native build's kernel; this one is called directly
         flags.append("-DSPECREPRO_NO_REGISTER")
     name = extension_name() if march == "native" else f"{extension_name()}_{march.replace('-', '_')}"
-    return cpp_extension.load_inline(name=name, cpp_sources=SOURCE, functions=["few_rows", "cache_attention"],
-                                     extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
+    return cpp_extension.load_inline(name=name, cpp_sources=SOURCE, extra_cflags=flags, extra_ldflags=["-fopenmp"],
+                                     functions=["few_rows", "cache_attention", "llama_step"], verbose=False)
 
 
 def has_compiler() -> bool:
@@ -464,6 +713,8 @@ def build_error() -> str | None:
 _LIB = torch.library.Library("specrepro", "FRAGMENT")  # kept alive: the operator lives as long as the module
 _LIB.define("few_rows(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor")
 _LIB.define("cache_attention(Tensor query, Tensor key, Tensor value, Tensor mask, float scale) -> Tensor")
+_LIB.define("llama_step(Tensor x, Tensor[] weights, Tensor(a!)[] keys, Tensor(b!)[] values, Tensor(c!)[] lengths, "
+            "Tensor cos, Tensor sin, int heads, int kv_heads, float eps, float scale) -> Tensor")
 
 
 def _built():
