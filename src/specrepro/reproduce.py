@@ -50,7 +50,7 @@ QUICK: dict[str, dict[str, Any]] = {
                            temperatures=[0.0], n_prompts=3, n_calibration=1, max_new_tokens=16,
                            cost_tokens=4, one_thread_prompts=1, one_thread_gammas=[1]),
     "07-regime": dict(n_prompts=3, repeats=1, max_new_tokens=24, configs=["stock", "compiled_few_rows"], read_rounds=2,
-                      compile_modes=["default"], widths=[1, 4], sweep_gammas=[3], sweep_prompts=2),
+                      compile_modes=["default", "native"], widths=[1, 4], sweep_gammas=[3], sweep_prompts=2),
     "08-engines": dict(n_samples=100, ours_samples=60, n_prompts=4, max_new_tokens=16, concurrency=[4],
                        llama_draft="", power_replicates=50),
     "99-summary": dict(results_dir=str(paths.QUICK_OUTPUTS)),  # the quick runs' folders, not the published ones
