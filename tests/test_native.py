@@ -62,6 +62,22 @@ def test_the_native_step_computes_the_static_paths_logits(shape, monkeypatch):
         torch.testing.assert_close(a.values[:, :, :nat.slots], b.values[:, :, :nat.slots], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("layers", [(2,), (0, 1, 2), (1,)])
+def test_the_native_step_returns_the_hidden_states_a_feature_draft_reads(layers):
+    """`_forward_features` on the native step: the logits and transformers' hidden_states[i] for i in `layers` (the
+    embeddings, a layer's output, the final norm's) as the static path's eager forward gives them."""
+    model = llama(*SHAPES["d32-tail"])
+    _, eager = feeds(model, "eager", [], prompt=40)
+    _, nat = feeds(model, "eager", [], prompt=40)
+    ids, key = torch.tensor([[5, 6, 7]]), compiled.graph_key(model)
+    want = compiled._forward_features(model, ids, eager.cache, 3, eager.keyword, key, layers)
+    got = compiled._native_or(None)(model, ids, nat.cache, 3, nat.keyword, key, layers)
+    assert got[1].shape == want[1].shape == (1, 3, len(layers) * model.config.hidden_size)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert nat.slots == eager.slots == 43
+
+
 def test_a_token_gets_the_same_bits_alone_or_in_a_block_on_any_thread_count():
     """Each output is one thread's sum in a fixed order and each query's attention merges its chunks in slot order:
     a token's logits do not depend on the tokens after it in the forward or on the thread count (so a verification
@@ -81,7 +97,7 @@ def test_a_token_gets_the_same_bits_alone_or_in_a_block_on_any_thread_count():
             keys, values = [c.keys.clone() for c in layers], [c.values.clone() for c in layers]
             lengths = [c.cumulative_length.clone() for c in layers]
             out.append(torch.ops.specrepro.llama_step.default(x, step.weights, keys, values, lengths, cos, sin,
-                                                              step.heads, step.kv_heads, step.eps, step.scale))
+                                                              step.heads, step.kv_heads, step.eps, step.scale, [1]))
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(out[0], out[1]) and torch.equal(out[0], out[2])
@@ -181,7 +197,7 @@ def test_llama_step_refuses_malformed_input_with_a_clear_error():
 
     def call(**change):
         args = dict(x=x, weights=step.weights, keys=keys, values=values, lengths=lengths, cos=cos, sin=sin,
-                    heads=step.heads, kv_heads=step.kv_heads, eps=step.eps, scale=step.scale) | change
+                    heads=step.heads, kv_heads=step.kv_heads, eps=step.eps, scale=step.scale, keep=[]) | change
         return op(*args.values())
 
     with pytest.raises(RuntimeError, match="9 weights"):
@@ -196,6 +212,8 @@ def test_llama_step_refuses_malformed_input_with_a_clear_error():
         call(lengths=[torch.tensor(layers[0].max_cache_len - 1)] * len(layers))
     with pytest.raises(RuntimeError, match="cos and sin"):
         call(cos=cos[:5], sin=sin[:5])
+    with pytest.raises(RuntimeError, match="keep names layers"):
+        call(keep=[len(layers)])
     before = int(lengths[0])
     call()
     assert int(lengths[0]) == before + 2  # a good call moves every layer's fill level on
@@ -216,6 +234,6 @@ def test_the_avx2_build_computes_the_same_step():
         keys, values = [c.keys.clone() for c in layers], [c.values.clone() for c in layers]
         lengths = [c.cumulative_length.clone() for c in layers]
         out[name] = (fn(x, step.weights, keys, values, lengths, cos, sin, step.heads, step.kv_heads, step.eps,
-                        step.scale), keys[-1])
+                        step.scale, [0, 1]), keys[-1])
     torch.testing.assert_close(out["avx2"][0], out["native"][0], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(out["avx2"][1], out["native"][1], rtol=1e-4, atol=1e-5)

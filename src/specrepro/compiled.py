@@ -36,6 +36,13 @@ in about a minute and `mode="eager"`
 runs the same static-cache bookkeeping uncompiled (tests, debugging, and the fallback where compilation fails).
 On a GPU, `mode="reduce-overhead"` adds CUDA graphs.
 
+`mode="native"` compiles nothing where it applies: a plain Llama decoder on the few-row kernel set in float32 runs
+each forward of the static path as one call of this package's C++ (`specrepro.native`: every layer in one OpenMP
+region, the threads meeting at barriers), the design llama.cpp's CPU backend follows; the forwards it does not serve
+(other models and kernels, the forwards that also return hidden states) run max-autotune graphs. On the AMD EPYC
+host its decode step of SmolLM2 came to 1.02x a read of its bytes where max-autotune's took 1.28x (ad hoc, 7 rounds
+beside reads; 07 section 1c measures it every run).
+
 Compiled code is cached by torch per function and model (guards on `graph_key`, not on the model's modules), so a
 second `speculative_generate(..., compile=True)` with the same models and cache size reuses it; cache sizes are
 rounded up to a multiple of `SLOT_BUCKET` so that prompts of different lengths share graphs.
@@ -270,17 +277,20 @@ def compiled_forward(mode: str, features: bool = False):
     compiled graphs per function, keyed by guards on `graph_key` and the inputs' shapes, so rebuilding this wrapper
     does not recompile."""
     graph = compile_in(_forward_features if features else _forward, mode, keyed=True)
-    return graph if features or mode not in NATIVE else _native_or(graph)
+    return graph if mode not in NATIVE else _native_or(graph)
 
 
 NATIVE = {"native"}  # modes whose forwards run `native.NativeStep` where it applies
 
 
 def _native_or(graph):
-    """A forward that runs the model's native step (`native.step_for`) where it has one, else `graph`."""
-    def forward(model, ids, cache, n_logits, keyword, key):
+    """A forward that runs the model's native step (`native.step_for`) where it has one, else `graph`; with the
+    hidden-state indices of `_forward_features` after the key, the native step returns those states too."""
+    def forward(model, ids, cache, n_logits, keyword, key, *layers):
         step = native.step_for(model, key, cache)
-        return graph(model, ids, cache, n_logits, keyword, key) if step is None else step(ids, cache, n_logits)
+        if step is None:
+            return graph(model, ids, cache, n_logits, keyword, key, *layers)
+        return step(ids, cache, n_logits, *layers)
 
     return forward
 

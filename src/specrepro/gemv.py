@@ -30,7 +30,13 @@ in slot order, so that the result does not depend on the thread count or on the 
 vectorised polynomial (Cephes'), within about 1 ulp; the whole within float32 rounding of sdpa (tests). `compiled`
 runs it where the model's linear layers run the few-row kernel.
 
-`available()` says whether the operator could be built here (a C++ compiler with OpenMP); `kernels.use_kernel(model,
+The same extension holds the native decoder step, the operator `specrepro::llama_step` (`native`, compiled mode
+"native"): every layer of a Llama decoder for a few tokens in one OpenMP region, these two kernels' loops split
+between the threads (a product's weight rows in units of 8, the attention's slot chunks, the merges), barriers
+between the steps that read what another thread wrote. Each output is still one thread's sum in a fixed order, so
+a token's logits do not depend on the other tokens of the forward or on the thread count.
+
+`available()` says whether the operators could be built here (a C++ compiler with OpenMP); `kernels.use_kernel(model,
 "few_rows")` routes a model's linear layers through it, and falls back to the stock product, with a warning naming
 the compiler error, where it cannot be built.
 """
@@ -489,15 +495,16 @@ static void silu_mul_rows(const float* g, const float* u, float* h, int64_t n) {
   }
 }
 
-// x (rows, d) runs through `layers` decoder layers in place, for the `rows` tokens at positions L.. of a static
-// cache of S slots (L: lengths[0], every layer's fill level; they move on by `rows`). weights: 9 per layer, input
-// norm, q, k, v, o, post-attention norm, gate, up, down (no biases); keys/values (1, Hk, S, D) each; cos/sin the
-// rotary tables (>= L + rows, D), row p for position p. The tokens attend causally to the cache's first L slots and
-// to each other.
+// x (rows, d) runs through `layers` decoder layers, for the `rows` tokens at positions L.. of a static cache of S
+// slots (L: lengths[0], every layer's fill level; they move on by `rows`). weights: 9 per layer, input norm, q, k,
+// v, o, post-attention norm, gate, up, down (no biases); keys/values (1, Hk, S, D) each; cos/sin the rotary tables
+// (>= L + rows, D), row p for position p. The tokens attend causally to the cache's first L slots and to each other.
+// Returns (1 + len(keep), rows, d): the last layer's output, then the input of each layer of `keep` (0 .. layers-1:
+// transformers' hidden_states[i]), for a draft that reads the target's features.
 torch::Tensor llama_step(const torch::Tensor& x_in, const std::vector<torch::Tensor>& weights,
                          const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
                          const std::vector<torch::Tensor>& lengths, const torch::Tensor& cos, const torch::Tensor& sin,
-                         int64_t H, int64_t Hk, double eps, double scale) {
+                         int64_t H, int64_t Hk, double eps, double scale, const std::vector<int64_t>& keep) {
   const int64_t layers = static_cast<int64_t>(keys.size());
   TORCH_CHECK(layers >= 1 && weights.size() == 9 * keys.size() && values.size() == keys.size() &&
               lengths.size() == keys.size(), "llama_step: 9 weights, a key, a value and a length per layer");
@@ -532,8 +539,14 @@ torch::Tensor llama_step(const torch::Tensor& x_in, const std::vector<torch::Ten
               cos.size(0) >= L + W && cos.is_contiguous() && sin.is_contiguous(),
               "llama_step: cos and sin (positions, head size), float32, past the last position");
   TORCH_CHECK(D % 2 == 0, "llama_step: an even head size");
-  auto x = x_in.contiguous().clone();
-  float* xp = x.data_ptr<float>();
+  std::vector<int64_t> slot(layers, -1);  // where layer l's input is kept, if it is
+  for (size_t i = 0; i < keep.size(); ++i) {
+    TORCH_CHECK(keep[i] >= 0 && keep[i] < layers, "llama_step: keep names layers 0 .. ", layers - 1);
+    slot[keep[i]] = static_cast<int64_t>(i) + 1;
+  }
+  auto out = torch::empty({1 + static_cast<int64_t>(keep.size()), W, d}, x_in.options());
+  out[0].copy_(x_in);
+  float* xp = out.data_ptr<float>();
   std::vector<const float*> wp(weights.size());
   for (size_t i = 0; i < weights.size(); ++i) wp[i] = weights[i].data_ptr<float>();
   std::vector<float*> kp(layers), vp(layers);
@@ -562,7 +575,8 @@ torch::Tensor llama_step(const torch::Tensor& x_in, const std::vector<torch::Ten
     float* xt = xn.data() + tid * W * d;
     for (int64_t l = 0; l < layers; ++l) {
       const float* const* w = wp.data() + 9 * l;
-      rms_norm(xp, w[0], xt, W, d, fe);
+      if (slot[l] > 0 && tid == 0) std::memcpy(xp + slot[l] * W * d, xp, W * d * sizeof(float));  // x is read-only
+      rms_norm(xp, w[0], xt, W, d, fe);                                                          // till o's barrier
       const Mat qkv[3] = {{w[1], q.data(), H * D}, {w[2], k.data(), Hk * D}, {w[3], v.data(), Hk * D}};
       products<false>(qkv, 3, xt, d, W, tid, nt);
 #pragma omp barrier
@@ -628,7 +642,7 @@ torch::Tensor llama_step(const torch::Tensor& x_in, const std::vector<torch::Ten
     }
   }
   for (int64_t l = 0; l < layers; ++l) *lengths[l].data_ptr<int64_t>() += W;
-  return x;
+  return out;
 }
 
 // The CPU kernel of the operator `specrepro::few_rows` (its schema is defined in Python, `gemv._LIB`): called through
@@ -714,7 +728,7 @@ _LIB = torch.library.Library("specrepro", "FRAGMENT")  # kept alive: the operato
 _LIB.define("few_rows(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor")
 _LIB.define("cache_attention(Tensor query, Tensor key, Tensor value, Tensor mask, float scale) -> Tensor")
 _LIB.define("llama_step(Tensor x, Tensor[] weights, Tensor(a!)[] keys, Tensor(b!)[] values, Tensor(c!)[] lengths, "
-            "Tensor cos, Tensor sin, int heads, int kv_heads, float eps, float scale) -> Tensor")
+            "Tensor cos, Tensor sin, int heads, int kv_heads, float eps, float scale, int[] keep) -> Tensor")
 
 
 def _built():
@@ -756,6 +770,12 @@ def cache_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 def _(query, key, value, mask, scale):
     _built()
     return query.new_empty((query.shape[0], query.shape[2], query.shape[1], query.shape[3]))
+
+
+@torch.library.register_fake("specrepro::llama_step", lib=_LIB)
+def _(x, weights, keys, values, lengths, cos, sin, heads, kv_heads, eps, scale, keep):
+    _built()
+    return x.new_empty((1 + len(keep), x.shape[0], x.shape[1]))
 
 
 def warn_unavailable() -> None:

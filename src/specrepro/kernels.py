@@ -15,8 +15,8 @@ can be timed with each and compared at its fastest:
 - "few_rows": `FewRowsLinear`, float32 inputs of at most `gemv.MAX_ROWS` rows through this package's own CPU kernel
   (`specrepro.gemv`): each weight row read once for all the rows, near the memory's speed; built with the machine's
   C++ compiler at first use. Where it cannot be built, `use_kernel` warns and keeps the stock layers. On the
-  static-cache path (`compiled`) the same extension also runs the attention (`gemv.cache_attention`): "few_rows"
-  names the package's kernel set, linear layers and attention.
+  static-cache path (`compiled`) the same extension also runs the attention (`gemv.cache_attention`), and in
+  compiled mode "native" the whole decoder step (`native`): "few_rows" names the package's kernel set.
 
 Every kernel computes the same product up to float summation order: it changes a model's speed, not its outputs'
 distribution, and applies to everything that runs the model (our loops and transformers' `generate` alike), so

@@ -79,9 +79,11 @@ class NativeStep:
         return self.tables[slots]
 
     @torch.no_grad()
-    def __call__(self, ids: torch.Tensor, cache, n_logits: int) -> torch.Tensor:
+    def __call__(self, ids: torch.Tensor, cache, n_logits: int, features: tuple[int, ...] | None = None):
         """Logits (1, n_logits, V) of the last n_logits of the tokens `ids` (1, W), fed to `cache` (a transformers
-        `StaticCache`), which moves on by W. A cache that holds nothing yet (a prompt no longer than a verification
+        `StaticCache`), which moves on by W; with `features` (indices of transformers' `hidden_states`, 0 .. the
+        number of layers), (logits, those states concatenated, (1, W, len(features) * d)), as `compiled`'s
+        `_forward_features` returns them. A cache that holds nothing yet (a prompt no longer than a verification
         block) is allocated here, as transformers allocates it at its first update."""
         model = self.model()
         layers = cache.layers
@@ -89,11 +91,16 @@ class NativeStep:
             if not c.is_initialized:
                 c.lazy_initialization(torch.empty(self.shape), torch.empty(self.shape))
         cos, sin = self.rotary(layers[0].max_cache_len)
-        x = model.model.embed_tokens(ids[0])
-        h = torch.ops.specrepro.llama_step.default(
-            x, self.weights, [c.keys for c in layers], [c.values for c in layers],
-            [c.cumulative_length for c in layers], cos, sin, self.heads, self.kv_heads, self.eps, self.scale)
-        return model.lm_head(model.model.norm(h[-n_logits:])).unsqueeze(0)
+        n = len(model.model.layers)
+        keep = sorted({i for i in features or () if i < n})  # the top state is the final norm's output, below
+        out = torch.ops.specrepro.llama_step.default(
+            model.model.embed_tokens(ids[0]), self.weights, [c.keys for c in layers], [c.values for c in layers],
+            [c.cumulative_length for c in layers], cos, sin, self.heads, self.kv_heads, self.eps, self.scale, keep)
+        if features is None:
+            return model.lm_head(model.model.norm(out[0, -n_logits:])).unsqueeze(0)
+        top = model.model.norm(out[0])
+        states = [top if i == n else out[1 + keep.index(i)] for i in features]
+        return model.lm_head(top[-n_logits:]).unsqueeze(0), torch.cat(states, -1).unsqueeze(0)
 
 
 def step_for(model, key: str, cache) -> NativeStep | None:
