@@ -38,8 +38,8 @@ On a GPU, `mode="reduce-overhead"` adds CUDA graphs.
 
 `mode="native"` compiles nothing where it applies: a plain Llama decoder on the few-row kernel set in float32 runs
 each forward of the static path as one call of this package's C++ (`specrepro.native`: every layer in one OpenMP
-region, the threads meeting at barriers), the design llama.cpp's CPU backend follows; the forwards it does not serve
-(other models and kernels, the forwards that also return hidden states) run max-autotune graphs. On the AMD EPYC
+region, the threads meeting at barriers), the design llama.cpp's CPU backend follows, the hidden states a
+feature-reading draft reads included; the forwards of other models and kernels run max-autotune graphs. On the AMD EPYC
 host its decode step of SmolLM2 came to 1.02x a read of its bytes where max-autotune's took 1.28x (ad hoc, 7 rounds
 beside reads; 07 section 1c measures it every run).
 
@@ -273,7 +273,7 @@ def compile_in(fn, mode: str, *, keyed: bool = False):
 
 def compiled_forward(mode: str, features: bool = False):
     """`_forward` (`_forward_features` with `features`) compiled in `mode`, or itself for "eager"; in a mode of
-    `NATIVE`, the forward without features runs `native.NativeStep` where it applies. torch keeps one cache of
+    `NATIVE`, either runs `native.NativeStep` where it applies. torch keeps one cache of
     compiled graphs per function, keyed by guards on `graph_key` and the inputs' shapes, so rebuilding this wrapper
     does not recompile."""
     graph = compile_in(_forward_features if features else _forward, mode, keyed=True)

@@ -12,7 +12,8 @@ barriers between the steps. Python keeps the embedding lookup, the final norm an
 It runs where `compiled`'s mode "native" is asked for and the model is a plain Llama decoder (transformers'
 `LlamaForCausalLM` layers: no biases, SiLU, sdpa attention, rotary embedding) whose linear layers run the few-row
 kernel (`kernels.use_kernel(model, "few_rows")`, which builds the operator), float32 on the CPU, on transformers'
-`StaticCache`. Everything else in that mode (other models, the forwards that also return features) runs the
+`StaticCache`, the hidden states a feature-reading draft reads included (`compiled`'s `_forward_features`).
+Everything else in that mode (other models, other kernels or dtypes, a feature draft's own forward) runs the
 max-autotune compiled graph. The same math as the compiled path up to float
 summation order; `tests/test_native.py` compares logits and tokens.
 """
